@@ -1,0 +1,54 @@
+# Scaling ML Labs. `make run` renders every notebook; `make test` is what CI runs.
+# Both create .venv and fetch the data on first use, and are safe to repeat.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Seconds a single notebook cell may take before nbval / nbconvert give up on it.
+CELL_TIMEOUT ?= 900
+
+.PHONY: help venv data run test unit handout index gpu clean
+
+help:
+	@echo "make run      set up (first time), then execute every notebook in full mode into build/"
+	@echo "make test     set up (first time), unit tests, then every notebook in quick mode (nbval)"
+	@echo "make handout  student copies with the solution cells emptied, in build/handout/"
+	@echo "make index    regenerate the table of contents in notebooks/00_index.ipynb"
+	@echo "make gpu      replace the CPU TensorFlow wheel with the CUDA build (Linux + NVIDIA)"
+	@echo "make clean    remove build/ and runs/ (keeps .venv and the data cache)"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed, $(PYTHON) is " + sys.version.split()[0] + ": run make PYTHON=python3.11 (or newer)")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+data: $(STAMP)
+	$(PY) tools/fetch_data.py
+
+run: data
+	$(PY) tools/run_notebooks.py --timeout $(CELL_TIMEOUT)
+
+unit: $(STAMP)
+	$(PY) -m pytest tests
+
+test: data
+	LABS_QUICK=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT)
+
+handout: $(STAMP)
+	$(PY) tools/make_handout.py notebooks build/handout
+
+index: $(STAMP)
+	$(PY) tools/make_index.py
+
+gpu: $(STAMP)
+	$(PY) -m pip uninstall --yes tensorflow-cpu
+	$(PY) -m pip install -e ".[gpu]"
+	$(PY) -c 'import tensorflow as tf; print("GPUs:", tf.config.list_physical_devices("GPU"))'
+
+clean:
+	rm -rf build runs

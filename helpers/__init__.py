@@ -1,0 +1,1 @@
+"""Scaling ML Labs: the plumbing behind the notebooks, one module per concern."""
