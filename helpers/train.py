@@ -1,0 +1,78 @@
+"""A small custom training loop: any index plan per epoch, per-step losses, divergence stop."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from helpers.batches import batch_size_at, epoch_batches
+
+
+def load_mnist_flat(n_train=None, n_test=None):
+    """MNIST as float32 in [0, 1], flattened to 784, the first n_train / n_test examples."""
+    from helpers.data import load_mnist
+
+    (x_tr, y_tr), (x_te, y_te) = load_mnist()
+    flat = lambda x: (x.reshape(len(x), -1) / 255.0).astype("float32")
+    return (flat(x_tr[:n_train]), y_tr[:n_train].astype("int32")), \
+           (flat(x_te[:n_test]), y_te[:n_test].astype("int32"))
+
+
+def accuracy(model, x, y, batch_size: int = 2000) -> float:
+    """Fraction of examples whose argmax logit equals the label."""
+    hits = 0
+    for i in range(0, len(x), batch_size):
+        logits = model(x[i:i + batch_size], training=False)
+        hits += int(np.sum(np.argmax(logits, axis=1) == y[i:i + batch_size]))
+    return hits / len(x)
+
+
+def train(model, optimizer, loss_fn, train_data, test_data, epochs: int,
+          batch_size=100, overlap: float = 0.0, seed: int = 0) -> dict:
+    """Train with minibatches from epoch_batches; stop early if the loss is not finite.
+
+    Args:
+        model: a Keras model mapping inputs to logits.
+        optimizer: a Keras 3 optimizer (fresh: it builds its slots on first use).
+        loss_fn: loss(labels, logits) -> scalar (see helpers.losses.make_loss).
+        train_data, test_data: (x, y) NumPy arrays with integer labels.
+        epochs: passes over the training data.
+        batch_size: an int, or a growing schedule accepted by batch_size_at.
+        overlap: fraction shared by consecutive batches (0 = disjoint).
+        seed: shuffling seed (epoch e uses seed + e).
+
+    Returns:
+        dict with step_loss (every step), epoch_loss, train_acc, test_acc (per epoch),
+        batch_sizes, steps, seconds and diverged.
+    """
+    x, y = (tf.constant(a) for a in train_data)
+
+    @tf.function(reduce_retracing=True)
+    def step(idx):
+        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    hist = {k: [] for k in ("step_loss", "epoch_loss", "train_acc", "test_acc", "batch_sizes")}
+    diverged, t0 = False, time.perf_counter()
+    for epoch in range(epochs):
+        size = batch_size_at(batch_size, epoch)
+        losses = [step(tf.constant(b, tf.int32))
+                  for b in epoch_batches(len(train_data[0]), size, overlap, seed + epoch)]
+        losses = [float(v) for v in losses]
+        hist["step_loss"] += losses
+        hist["batch_sizes"].append(size)
+        hist["epoch_loss"].append(float(np.mean(losses)))
+        if not all(math.isfinite(v) for v in losses) or abs(hist["epoch_loss"][-1]) > 1e6:
+            diverged = True
+            break
+        hist["train_acc"].append(accuracy(model, *train_data))
+        hist["test_acc"].append(accuracy(model, *test_data))
+    hist.update(steps=len(hist["step_loss"]), seconds=time.perf_counter() - t0,
+                diverged=diverged)
+    return hist

@@ -1,0 +1,40 @@
+"""The custom loop: it learns, follows batch schedules, and flags divergence."""
+import keras
+import numpy as np
+
+from helpers import config
+from helpers.losses import make_loss
+from helpers.optimizers import make_optimizer
+from helpers.train import accuracy, train
+
+
+def _blobs(n=600, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, size=n).astype("int32")
+    x = (rng.normal(size=(n, 4)) + 3 * np.eye(3, 4)[y]).astype("float32")
+    return x, y
+
+
+def _model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+
+
+def test_training_learns_and_records_growing_batches():
+    config.set_seed(0)
+    data = _blobs()
+    model = _model()
+    hist = train(model, make_optimizer("adam", 0.05), make_loss("sparse_softmax_ce", 3),
+                 data, _blobs(200, 1), epochs=3, batch_size=(20, 10))
+    assert hist["batch_sizes"] == [20, 30, 40]
+    assert hist["steps"] == 30 + 20 + 15
+    assert hist["test_acc"][-1] > 0.9 and not hist["diverged"]
+    assert hist["test_acc"][-1] == accuracy(model, *_blobs(200, 1))
+
+
+def test_huge_learning_rate_is_flagged_as_diverged():
+    config.set_seed(0)
+    x, y = _blobs()
+    x = x * 1e6
+    hist = train(_model(), make_optimizer("gd", 1e6), make_loss("sparse_softmax_ce", 3),
+                 (x, y), (x, y), epochs=3, batch_size=50)
+    assert hist["diverged"]
