@@ -36,8 +36,10 @@ run: data
 unit: $(STAMP)
 	$(PY) -m pytest tests
 
+# pytest exits 5 when it collected nothing: that is a failure here, and says so.
 test: data
-	LABS_QUICK=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT)
+	LABS_QUICK=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT); \
+	  status=$$?; [ $$status -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$status
 
 handout: $(STAMP)
 	$(PY) tools/make_handout.py notebooks build/handout

@@ -1,0 +1,69 @@
+"""The notebook collection: naming, skeleton, committed clean, index fresh, all collected."""
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from helpers.config import REPO_ROOT
+from tools import make_index
+from tools.notebooks import NOTEBOOK_DIR, notebook_paths, read, tags, title_and_objectives
+
+NOTEBOOKS = notebook_paths()
+LESSONS = [p for p in NOTEBOOKS if p.name != make_index.INDEX]
+
+
+def test_every_ipynb_follows_the_naming_scheme():
+    assert sorted(NOTEBOOK_DIR.glob("*.ipynb")) == NOTEBOOKS
+    assert NOTEBOOKS[0].name == "00_index.ipynb"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_are_committed_without_outputs(path):
+    for i, cell in enumerate(read(path).cells):
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, f"{path.name} cell {i} has output"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lessons_follow_the_house_skeleton(path):
+    nb = read(path)
+    title, objectives = title_and_objectives(nb)
+    assert title and len(objectives) >= 2, f"{path.name}: title and >= 2 learning objectives"
+    assert "Expected run time" in nb.cells[0].source
+    headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()
+                if line.startswith("## ")]
+    for needed in ("## Setup", "## Summary", "## Exercises"):
+        assert needed in headings, f"{path.name} lacks a '{needed}' section"
+    counts = {t: sum(t in tags(c) for c in nb.cells) for t in ("exercise", "solution", "checker")}
+    assert counts["exercise"] >= 3 and counts["solution"] >= 3 and counts["checker"] >= 3, counts
+
+
+def test_table_of_contents_is_fresh():
+    assert make_index.main(["--check"]) == 0, "run `make index`"
+
+
+def test_stale_table_of_contents_is_detected(tmp_path):
+    folder = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOK_DIR, folder)
+    lesson = folder / "99_new_lesson.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(
+        "# A new lesson\n\nWhy.\n\n**Learning objectives**\n- one thing\n- another\n")]
+    nbformat.write(nb, str(lesson))
+    assert make_index.main(["--check", "--folder", str(folder)]) == 1
+    assert make_index.main(["--folder", str(folder)]) == 0  # rewrites it
+    assert make_index.main(["--check", "--folder", str(folder)]) == 0
+    assert "[A new lesson](99_new_lesson.ipynb) | one thing<br>another |" in make_index.toc_markdown(folder)
+
+
+def test_nbval_collects_every_notebook():
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--nbval-lax",
+         "--nbval-current-env", "-p", "no:cacheprovider", "notebooks"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    collected = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
+    assert collected == {f"notebooks/{p.name}" for p in NOTEBOOKS}

@@ -1,0 +1,75 @@
+"""Execute every notebook in order and write executed copies (.ipynb + .html) to build/.
+
+Ends with a table of notebook, status and wall time; exits 1 if any notebook failed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import nbformat  # noqa: E402
+from nbclient import NotebookClient  # noqa: E402
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # noqa: E402
+from nbconvert import HTMLExporter  # noqa: E402
+
+from tools.notebooks import NOTEBOOK_DIR, notebook_paths, read  # noqa: E402
+
+BUILD = Path(__file__).resolve().parent.parent / "build"
+
+
+def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[str, float, str]:
+    """Execute one notebook; write its executed copy and HTML; return (status, seconds, error)."""
+    nb = read(path)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    t0 = time.perf_counter()
+    status, error = "ok", ""
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+        status, error = "FAILED", str(exc).strip().splitlines()[-1][:200]
+    except KeyboardInterrupt:
+        status, error = "INTERRUPTED", "interrupted by the user"
+    seconds = time.perf_counter() - t0
+    nbformat.write(nb, str(out_dir / path.name))
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    (out_dir / path.with_suffix(".html").name).write_text(html, encoding="utf-8")
+    return status, seconds, error
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    parser.add_argument("--quick", action="store_true", help="set LABS_QUICK=1 for the kernels")
+    parser.add_argument("--only", default="", help="run only notebooks whose name contains this")
+    parser.add_argument("--out", type=Path, default=BUILD)
+    args = parser.parse_args(argv)
+    if args.quick:
+        os.environ["LABS_QUICK"] = "1"
+    mode = "quick" if os.environ.get("LABS_QUICK", "0") not in ("", "0") else "full"
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths = [p for p in notebook_paths(NOTEBOOK_DIR) if args.only in p.name]
+    results = []
+    for path in paths:
+        print(f"running {path.name} ({mode} mode) ...", flush=True)
+        status, seconds, error = run_one(path, args.out, args.timeout)
+        results.append((path.name, status, seconds, error))
+        print(f"  {status} in {seconds:.0f} s {error}", flush=True)
+        if status == "INTERRUPTED":
+            break
+    print(f"\n| notebook | status | wall time | mode: {mode}, copies in {args.out} |")
+    print("| --- | --- | ---: | --- |")
+    for name, status, seconds, error in results:
+        print(f"| {name} | {status} | {seconds / 60:.1f} min | {error} |")
+    total = sum(r[2] for r in results)
+    print(f"| total | {sum(r[1] == 'ok' for r in results)}/{len(paths)} ok | {total / 60:.1f} min | |")
+    return 0 if all(r[1] == "ok" for r in results) and len(results) == len(paths) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
