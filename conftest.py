@@ -34,7 +34,7 @@ def shared_data() -> Path:
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if any process started under pytest is still alive at the end."""
     me = psutil.Process()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 10  # grace for kernels and clusters still shutting down
     survivors = me.children(recursive=True)
     while survivors and time.monotonic() < deadline:
         time.sleep(0.2)
