@@ -1,0 +1,460 @@
+"""LocalCluster: start a PS and N workers as real OS processes, train, and always clean up."""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import itertools
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from pathlib import Path
+
+from helpers import config
+from helpers.cluster import protocol
+from helpers.cluster.events import read_events
+
+_LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
+_WARNED = False
+_COUNTER = itertools.count()
+
+
+class ClusterError(RuntimeError):
+    """A cluster process died, hung or reported an error."""
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Backstop: end every cluster still running when the interpreter exits."""
+    for cluster in list(_LIVE):
+        cluster.stop()
+
+
+def free_ports(n: int) -> list[int]:
+    """Ask the kernel for n distinct free TCP ports."""
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file, or a note that it is empty."""
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:]) or "(empty log)"
+
+
+class _Proc:
+    """One child process: its Popen, log file and a reader thread for its messages."""
+
+    def __init__(self, name, cmd, env, log_path, inbox):
+        self.name, self.log_path = name, log_path
+        self.log = open(log_path, "wb")
+        self.popen = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self.log, start_new_session=True,
+                                      preexec_fn=_child_setup)
+        self.pid = self.popen.pid
+        self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
+        self.thread.start()
+
+    def _read(self, inbox):
+        for line in self.popen.stdout:
+            try:
+                inbox.put((self.name, json.loads(line)))
+            except ValueError:
+                pass
+        inbox.put((self.name, {"event": "eof"}))
+
+    def send(self, msg: dict) -> None:
+        self.popen.stdin.write((json.dumps(msg) + "\n").encode())
+        self.popen.stdin.flush()
+
+    def died(self) -> str | None:
+        """None while running, else how it ended."""
+        rc = self.popen.poll()
+        if rc is None:
+            return None
+        return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.popen.wait()
+        for f in (self.popen.stdin, self.popen.stdout, self.log):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class LocalCluster:
+    """A parameter server and N workers on this machine, as separate OS processes.
+
+    Args:
+        workers: number of worker processes (>= 1).
+        isolate: "auto" runs the cluster in a private network namespace when the OS allows
+            it (else warns once that ports are reachable from the network); True requires
+            it; False never isolates.
+        start_timeout: seconds to wait for every process to report ready.
+        stall_timeout: seconds without any progress before a run is declared hung.
+    Raises:
+        ValueError: for a bad argument, before any process starts.
+    """
+
+    def __init__(self, workers: int = 2, isolate="auto", start_timeout: float = 120.0,
+                 stall_timeout: float = 60.0, name: str | None = None):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+        if isolate not in ("auto", True, False):
+            raise ValueError(f"isolate must be 'auto', True or False, got {isolate!r}")
+        for label, value in (("start_timeout", start_timeout), ("stall_timeout", stall_timeout)):
+            if not value > 0:
+                raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
+        self.workers, self.isolate = workers, isolate
+        self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
+        self.name = name or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
+        self.procs: dict[str, _Proc] = {}
+        self.holder: subprocess.Popen | None = None
+        self.isolated = False
+        self.dead_workers: set[int] = set()
+        self.inbox: queue.Queue = queue.Queue()
+        self.dir = None
+        self.startup_s = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def _enter_namespace(self) -> list[str]:
+        """Start the namespace holder; return the command prefix that joins it, or []."""
+        global _WARNED
+        reason = None
+        if self.isolate is False:
+            return []
+        if not sys.platform.startswith("linux") or not (shutil.which("unshare")
+                                                        and shutil.which("nsenter")):
+            reason = "unshare/nsenter are not available on this system"
+        else:
+            self.holder = subprocess.Popen(
+                ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
+                 "ip link set lo up && echo ready && exec cat"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, preexec_fn=_child_setup)
+            line = self.holder.stdout.readline()
+            if line.strip() != b"ready":
+                err = self.holder.stderr.read().decode(errors="replace").strip()
+                self._stop_holder()
+                reason = f"unprivileged user namespaces are not permitted here ({err})"
+        if reason is None:
+            self.isolated = True
+            return ["nsenter", f"--target={self.holder.pid}", "--user", "--net",
+                    "--preserve-credentials"]
+        if self.isolate is True:
+            raise ClusterError(f"isolate=True but {reason}")
+        if not _WARNED:
+            warnings.warn(f"Cluster not isolated: {reason}. TensorFlow's gRPC servers listen on "
+                          "ALL network interfaces without authentication, so other machines "
+                          "on your network can reach these ports while the cluster runs.",
+                          RuntimeWarning, stacklevel=3)
+            _WARNED = True
+        return []
+
+    def _stop_holder(self):
+        if self.holder is not None:
+            try:
+                os.killpg(self.holder.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.holder.wait()
+            for f in (self.holder.stdin, self.holder.stdout, self.holder.stderr):
+                f.close()
+            self.holder = None
+
+    def start(self) -> "LocalCluster":
+        """Start every process and block until all report ready; raise with a log tail if not."""
+        t0 = time.perf_counter()
+        _LIVE.add(self)
+        try:
+            prefix = self._enter_namespace()
+            self.dir = config.runs_dir(self.name)
+            host = "localhost"
+            ports = [2222] if self.isolated else free_ports(1)
+            spec = {"ps": [f"{host}:{ports[0]}"]}
+            (self.dir / "cluster.json").write_text(json.dumps(spec))
+            env = dict(os.environ, TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false",
+                       TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+            jobs = [("ps", 0)] + [("worker", i) for i in range(self.workers)]
+            for job, task in jobs:
+                cmd = prefix + [sys.executable, "-m", "helpers.cluster.node", "--cluster",
+                                str(self.dir / "cluster.json"), "--job", job, "--task", str(task),
+                                "--control", "--parent-pid", str(os.getpid())]
+                name = f"{job}:{task}"
+                self.procs[name] = _Proc(name, cmd, env, self.dir / f"{job}-{task}.log",
+                                         self.inbox)
+            waiting = set(self.procs)
+            deadline = time.monotonic() + self.start_timeout
+            while waiting:
+                name, msg = self._next_message(deadline, "start-up", waiting)
+                if msg.get("event") == "ready":
+                    waiting.discard(name)
+            self.startup_s = time.perf_counter() - t0
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """End every process of the cluster (idempotent)."""
+        for proc in self.procs.values():
+            if proc.popen.poll() is None:
+                try:
+                    proc.send({"cmd": "exit"})
+                except (BrokenPipeError, OSError, ValueError):
+                    pass
+        for proc in self.procs.values():
+            proc.kill()
+        self.procs.clear()
+        self._stop_holder()
+        _LIVE.discard(self)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """PID of each process, by name ("ps:0", "worker:1", ...)."""
+        return {name: p.pid for name, p in self.procs.items()}
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        """Send a signal to one process of the cluster (fault injection by hand)."""
+        os.kill(self.procs[name].pid, sig)
+
+    # ------------------------------------------------------------------ waiting
+    def _fail(self, what: str, name: str | None):
+        detail = ""
+        if name is not None and name in self.procs:
+            proc = self.procs[name]
+            detail = f"\n--- last lines of {proc.log_path} ---\n{log_tail(proc.log_path)}"
+        self.stop()
+        raise ClusterError(what + detail)
+
+    def _check_deaths(self, during: str, tolerate_workers: bool):
+        for name, proc in self.procs.items():
+            how = proc.died()
+            if how is None:
+                continue
+            if tolerate_workers and name.startswith("worker:"):
+                task = int(name.split(":")[1])
+                if task not in self.dead_workers:
+                    self.dead_workers.add(task)
+                continue
+            hint = ""
+            if name.startswith("worker:") and during == "sync":
+                hint = ("; sync (BSP) training cannot finish without every worker: "
+                        "use mode='backup' with k < workers to tolerate a lost worker")
+            self._fail(f"{name} (pid {proc.pid}) {how} during {during}{hint}", name)
+
+    def _next_message(self, deadline, during, waiting=(), tolerate_workers=False):
+        while True:
+            try:
+                return self.inbox.get(timeout=0.2)
+            except queue.Empty:
+                pass
+            self._check_deaths(during, tolerate_workers)
+            if time.monotonic() > deadline:
+                slow = sorted(waiting)
+                self._fail(f"timed out after {self.start_timeout:.0f} s waiting for {slow} "
+                           f"during {during}", slow[0] if slow else None)
+
+    # ------------------------------------------------------------------ training
+    def train(self, progress: bool = True, **kwargs) -> "Run":
+        """Train one model on the cluster; return the Run with its events and summary.
+
+        Args:
+            progress: show a live tqdm bar of PS updates and worker steps.
+            **kwargs: the fields of protocol.RunConfig except `workers` (mode, model, data,
+                steps, batch_size, lr, staleness, k, stale, stragglers, faults, ...).
+        Raises:
+            ValueError: for a bad configuration, before anything is sent to the cluster.
+            ClusterError: when a process dies, hangs (stall_timeout) or reports an error.
+        """
+        if not self.procs:
+            raise ClusterError("the cluster is not running: use `with LocalCluster(...) as c:` "
+                               "or call start() (a failed run stops the cluster)")
+        live = [w for w in range(self.workers) if w not in self.dead_workers]
+        kwargs.setdefault("workers", len(live))
+        kwargs.setdefault("worker_ids", live)
+        if not kwargs.get("run_id"):
+            kwargs["run_id"] = f"{self.name}-run{next(_COUNTER)}"
+        cfg = protocol.validate(protocol.RunConfig(**kwargs))
+        run_dir = config.runs_dir(cfg.run_id)
+        cfg_path = run_dir / "config.json"
+        cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+        pids = {w: self.procs[f"worker:{w}"].pid for w in cfg.worker_ids}
+        for proc in self.procs.values():
+            proc.send({"cmd": "run", "config": str(cfg_path), "worker_pids": pids})
+        return self._watch(cfg, run_dir, progress)
+
+    def _watch(self, cfg, run_dir, progress) -> "Run":
+        from helpers.resources import ResourceMonitor
+
+        waiting = set(self.procs)
+        sizes: dict[Path, int] = {}
+        last_progress = time.monotonic()
+        bar = _Progress(cfg, run_dir) if progress else None
+        results = {}
+        t0 = time.perf_counter()
+        with ResourceMonitor(list(self.pids.values()), interval=0.5) as monitor:
+            try:
+                while waiting:
+                    try:
+                        name, msg = self.inbox.get(timeout=0.2)
+                    except queue.Empty:
+                        name, msg = None, {}
+                    if msg.get("event") == "error":
+                        self._fail(f"{name} failed during run {cfg.run_id}: {msg['error']}", name)
+                    if msg.get("event") == "done":
+                        waiting.discard(name)
+                        results[name] = msg.get("result")
+                    self._check_deaths(cfg.mode, tolerate_workers=cfg.mode != "sync")
+                    waiting -= {f"worker:{w}" for w in self.dead_workers}
+                    now_sizes = {p: p.stat().st_size for p in run_dir.glob("*.jsonl")}
+                    if now_sizes != sizes:
+                        sizes, last_progress = now_sizes, time.monotonic()
+                        if bar:
+                            bar.update()
+                    elif time.monotonic() - last_progress > self.stall_timeout:
+                        stopped = [n for n, p in self.procs.items() if _is_stopped(p.pid)]
+                        culprit = stopped[0] if stopped else "ps:0"
+                        self._fail(f"no progress for {self.stall_timeout:.0f} s (stall_timeout) "
+                                   f"in run {cfg.run_id}; hung or stopped processes: "
+                                   f"{stopped or 'none found'}", culprit)
+            finally:
+                if bar:
+                    bar.close()
+        wall = time.perf_counter() - t0
+        names = {pid: name for name, pid in self.pids.items()}
+        resources = {names.get(pid, pid): v for pid, v in monitor.summary().items()}
+        return Run(cfg, run_dir, results, wall, resources, sorted(self.dead_workers))
+
+
+def _is_stopped(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+class _Progress:
+    """tqdm bars (PS updates and steps per worker) fed from the run's event files."""
+
+    def __init__(self, cfg, run_dir):
+        from tqdm.auto import tqdm
+
+        self.run_dir = run_dir
+        self.bars = {"ps-0": tqdm(total=cfg.steps, desc="PS updates", leave=False)}
+        for w in cfg.worker_ids:
+            self.bars[f"worker-{w}"] = tqdm(desc=f"worker {w} steps", leave=False)
+        self.offsets: dict[str, int] = {}
+
+    def update(self):
+        for name, bar in self.bars.items():
+            path = self.run_dir / f"{name}.jsonl"
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(name, 0))
+                chunk = f.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offsets[name] = self.offsets.get(name, 0) + len(complete)
+            kind = b'"kind": "update"' if name == "ps-0" else b'"kind": "step"'
+            bar.update(complete.count(kind))
+
+    def close(self):
+        self.update()
+        for bar in self.bars.values():
+            bar.close()
+
+
+class Run:
+    """The record of one training run: its config, event log and resource figures."""
+
+    def __init__(self, cfg, run_dir, results, wall_s, resources, dead_workers):
+        self.config, self.dir, self.results = cfg, Path(run_dir), results
+        self.wall_s, self.resources, self.dead_workers = wall_s, resources, dead_workers
+        self._events = None
+
+    @property
+    def events(self):
+        """pandas DataFrame: one row per worker step and per PS update (and other events)."""
+        if self._events is None:
+            self._events = read_events(self.dir)
+        return self._events
+
+    @property
+    def test_accuracy(self) -> float:
+        """Test accuracy of the final parameters, computed by the PS."""
+        return float(self.results["ps:0"]["test_accuracy"])
+
+    def summary(self) -> dict:
+        """Steps/s, staleness, test accuracy, bytes, CPU% and peak RSS per process."""
+        ev = self.events
+        steps = ev[ev.kind == "step"]
+        updates = ev[ev.kind == "update"]
+        span = (steps.t.max() - steps.t.min()) if len(steps) > 1 else float("nan")
+        stale = [s for row in updates.staleness for s in row] if len(updates) else []
+        return {
+            "mode": self.config.mode,
+            "workers": self.config.workers,
+            "wall_s": round(self.wall_s, 2),
+            "worker_steps": int(len(steps)),
+            "ps_updates": int(len(updates)),
+            "steps_per_s": len(steps) / span if span else float("nan"),
+            "updates_per_s": len(updates) / span if span else float("nan"),
+            "staleness_mean": float(sum(stale) / len(stale)) if stale else float("nan"),
+            "staleness_max": int(max(stale)) if stale else 0,
+            "dropped": int((ev.kind == "drop").sum()),
+            "test_accuracy": self.test_accuracy,
+            "bytes_pushed": int(steps.bytes_pushed.sum()),
+            "bytes_pulled": int(steps.bytes_pulled.sum()),
+            "dead_workers": self.dead_workers,
+            "resources": self.resources,
+        }

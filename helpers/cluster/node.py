@@ -1,0 +1,552 @@
+"""One process of the cluster: `python -m helpers.cluster.node --cluster c.json --job ps --task 0`.
+
+The PS hosts every shared resource (created with raw ops and a shared_name, so all clients
+see the same one) and runs the aggregation loop; workers compute gradients in one
+tf.function per step and push them through a FIFO queue. The protocol rules come from
+protocol.py. Under a launcher (--control) the node reads run commands from stdin and
+answers on stdout; standalone (--run config.json) it runs one run and exits.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+GRAD, DONE, DEAD = 0, 1, 2  # kinds of messages in the gradient queue
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if parent_pid and os.getppid() != parent_pid:  # the parent died before prctl
+        os._exit(1)
+
+
+class Node:
+    """The TF side of one process: connect, then run training runs."""
+
+    def __init__(self, cluster: dict, job: str, task: int, proto):
+        import tensorflow as tf
+
+        self.tf, self.cluster, self.job, self.task, self.proto = tf, cluster, job, task, proto
+        self.ps_addr = cluster["ps"][0]
+        self.ps = "/job:ps/replica:0/task:0/device:CPU:0"
+        spec = tf.train.ClusterSpec({"ps": [self.ps_addr]})
+        if job == "ps":
+            tf.config.experimental_connect_to_cluster(spec, job_name="ps", task_index=0)
+            int(tf.constant(1) + 1)  # the context, and with it the server, starts lazily
+        else:
+            # workers list only the PS: listing other workers deadlocks (see the facts note)
+            tf.config.experimental_connect_to_cluster(spec)
+            with tf.device(self.ps):
+                int(tf.constant(1) + 1)  # blocks until the PS answers
+
+    def say(self, **msg) -> None:
+        """Send one JSON message to the launcher."""
+        if self.proto is not None:
+            self.proto.write(json.dumps(msg) + "\n")
+            self.proto.flush()
+
+    # ---------------------------------------------------------------- shared resources
+    def resources(self, cfg, shapes):
+        """Handles of the run's shared variables and queues, all placed on the PS."""
+        tf, raw = self.tf, self.tf.raw_ops
+        prefix = f"{cfg.run_id}/"
+        n_tasks = max(cfg.worker_ids) + 1
+        with tf.device(self.ps):
+            r = {
+                "vars": [raw.VarHandleOp(dtype=tf.float32, shape=s, shared_name=f"{prefix}w{i}")
+                         for i, s in enumerate(shapes)],
+                "version": raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "version"),
+                "stopped": raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "stopped"),
+                "grads": raw.FIFOQueueV2(component_types=[tf.int64] + [tf.float32] * len(shapes),
+                                         shapes=[[4]] + [list(s) for s in shapes],
+                                         capacity=max(4, 2 * cfg.workers),
+                                         shared_name=prefix + "grads"),
+                "tokens": [raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[2]],
+                                           capacity=100_000, shared_name=f"{prefix}tokens{w}")
+                           for w in range(n_tasks)],
+                "done": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
+                                        capacity=1000, shared_name=prefix + "done"),
+                "join": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
+                                        capacity=1000, shared_name=prefix + "join"),
+            }
+        return r
+
+    # ---------------------------------------------------------------- entry
+    def run(self, cfg, run_dir: Path, worker_pids: dict | None = None) -> dict:
+        """Take part in one training run as this node's job; return a result for the launcher."""
+        from helpers.cluster import events, models
+
+        log = events.EventLog(run_dir, f"{self.job}-{self.task}")
+        x_tr, y_tr, x_te, y_te = models.load_arrays(cfg.data, cfg.train_size, cfg.test_size,
+                                                    cfg.seed)
+        classes = int(max(y_tr.max(), y_te.max())) + 1
+        model = models.build(cfg.model, x_tr.shape[1:], classes, cfg.seed)
+        shapes = [tuple(v.shape) for v in model.trainable_variables]
+        res = self.resources(cfg, shapes)
+        try:
+            if self.job == "ps":
+                return PSLoop(self, cfg, run_dir, log, model, res, worker_pids,
+                              (x_te, y_te)).run()
+            index = cfg.worker_ids.index(self.task)
+            x, y = models.shard(x_tr, y_tr, index, cfg.workers)
+            return WorkerLoop(self, cfg, log, model, res, x, y).run()
+        finally:
+            log.close()
+
+
+class PSLoop:
+    """Hold the parameters, apply pushes by the rules of the mode, hand out step tokens."""
+
+    def __init__(self, node, cfg, run_dir, log, model, res, worker_pids, test):
+        from helpers.cluster import protocol
+
+        self.node, self.tf, self.cfg, self.run_dir, self.log = node, node.tf, cfg, run_dir, log
+        self.model, self.res, self.test, self.protocol = model, res, test, protocol
+        self.worker_pids = {int(k): v for k, v in (worker_pids or {}).items()}
+        self.alive = set(cfg.worker_ids)
+        self.finished: set[int] = set()
+        self.clock = {w: 0 for w in cfg.worker_ids}  # pushes applied per worker (SSP)
+        self.granted = {w: 0 for w in cfg.worker_ids}
+        self.waiting: list[tuple[int, int]] = []  # (worker, version) pushes owed a token
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        tf = self.tf
+        self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
+        self.version = 0
+
+    # ----------------------------------------------------------- helpers
+    def _init_vars(self):
+        tf, raw, res = self.tf, self.tf.raw_ops, self.res
+        values = [v.numpy() for v in self.model.trainable_variables]
+        ckpt_dir = self.run_dir / "ckpt"
+        if self.cfg.resume and (ckpt_dir / "latest.json").exists():
+            latest = json.loads((ckpt_dir / "latest.json").read_text())
+            with np.load(ckpt_dir / latest["file"]) as f:
+                values = [f[f"w{i}"] for i in range(len(values))]
+            self.version = int(latest["version"])
+            self.log.write("resume", version=self.version, file=latest["file"])
+        for h, v in zip(res["vars"], values):
+            raw.AssignVariableOp(resource=h, value=tf.constant(v))
+        raw.AssignVariableOp(resource=res["version"], value=tf.constant(self.version, tf.int64))
+        raw.AssignVariableOp(resource=res["stopped"], value=tf.constant(0, tf.int64))
+
+    def _values(self):
+        raw, tf = self.tf.raw_ops, self.tf
+        return [raw.ReadVariableOp(resource=h, dtype=tf.float32).numpy() for h in self.res["vars"]]
+
+    def _token(self, worker, a, b):
+        raw, tf = self.tf.raw_ops, self.tf
+        raw.QueueEnqueueV2(handle=self.res["tokens"][worker],
+                           components=[tf.constant([a, b], tf.int64)])
+
+    def _apply(self, grads_list, weights):
+        tf, raw = self.tf, self.tf.raw_ops
+        lr = self.protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
+        for i, h in enumerate(self.res["vars"]):
+            g = sum(w * grads[i] for w, grads in zip(weights, grads_list))
+            if self.cfg.momentum:
+                self.velocity[i].assign(self.cfg.momentum * self.velocity[i] + g)
+                g = self.velocity[i]
+            raw.AssignSubVariableOp(resource=h, value=lr * g)
+        self.version += 1
+        raw.AssignVariableOp(resource=self.res["version"],
+                             value=tf.constant(self.version, tf.int64))
+        return lr
+
+    def _checkpoint(self):
+        ckpt_dir = self.run_dir / "ckpt"
+        ckpt_dir.mkdir(exist_ok=True)
+        name = f"ckpt-{self.version:07d}.npz"
+        tmp = ckpt_dir / f".{name}.tmp.npz"
+        np.savez(tmp, **{f"w{i}": v for i, v in enumerate(self._values())})
+        os.replace(tmp, ckpt_dir / name)
+        from helpers.cluster.events import atomic_write_json
+
+        atomic_write_json(ckpt_dir / "latest.json", {"file": name, "version": self.version})
+        self.log.write("checkpoint", version=self.version, file=name)
+
+    def _watch_workers(self):
+        """Tell the PS loop (through its own queue) when a worker process dies."""
+        import psutil
+
+        raw, tf = self.tf.raw_ops, self.tf
+        while not self.stop_event.wait(0.2):
+            for w, pid in self.worker_pids.items():
+                with self.lock:
+                    if w not in self.alive or w in self.finished:
+                        continue
+                try:
+                    gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:
+                    gone = True
+                if not gone:
+                    continue
+                with self.lock:
+                    self.alive.discard(w)
+                self.log.write("dead", worker=w, pid=pid)
+                comps = [tf.constant([w, -1, -1, DEAD], tf.int64)] + [
+                    tf.zeros(v.shape) for v in self.model.trainable_variables]
+                for handle, c in ((self.res["grads"], comps),
+                                  (self.res["done"], [tf.constant(w, tf.int64)]),
+                                  (self.res["join"], [tf.constant(w, tf.int64)])):
+                    try:
+                        raw.QueueEnqueueV2(handle=handle, components=c)
+                    except tf.errors.OpError:
+                        pass  # queue already closed at the end of the run
+
+    def _fault(self):
+        spec = self.cfg.faults.get("ps")
+        if spec and self.version == spec["at"]:
+            self.log.write("fault", what=spec["kind"], version=self.version)
+            os.kill(os.getpid(), signal.SIGKILL if spec["kind"] == "kill" else signal.SIGSTOP)
+
+    def _owe_tokens(self):
+        still = []
+        for w, v in self.waiting:
+            if v < self.version and w in self.alive:
+                self._token(w, self.version, 0)
+            elif w in self.alive:
+                still.append((w, v))
+        self.waiting = still
+
+    def _ssp_grants(self):
+        live = [self.clock[w] for w in self.alive if w not in self.finished]
+        for w in sorted(self.alive):
+            more = self.protocol.ssp_grants(self.granted[w], live, self.cfg.staleness)
+            for _ in range(more):
+                self._token(w, self.granted[w], min(live) if live else 0)
+                self.granted[w] += 1
+
+    # ----------------------------------------------------------- main loop
+    def run(self) -> dict:
+        tf, cfg, protocol = self.tf, self.cfg, self.protocol
+        self._init_vars()
+        watcher = threading.Thread(target=self._watch_workers, daemon=True)
+        watcher.start()
+        types = [tf.int64] + [tf.float32] * len(self.res["vars"])
+        mode = cfg.mode
+        agg = None
+        if mode in ("sync", "backup"):
+            k = cfg.workers if mode == "sync" else cfg.k
+            agg = protocol.BackupAggregator(k, cfg.stale if mode == "backup" else "drop",
+                                            cfg.decay, cfg.fold_bound)
+            agg.version = self.version
+        pushes: dict[tuple[int, int], list] = {}
+        t0 = time.time()
+        self.log.write("start", mode=mode, workers=cfg.worker_ids, version=self.version)
+        for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
+            self._token(w, self.version, 0)
+        self._wait_all("join", set())
+        self.log.write("joined", workers=sorted(self.alive))
+        if mode == "ssp":
+            self._ssp_grants()
+        else:
+            for w in sorted(self.alive):
+                self._token(w, self.version, 0)
+        try:
+            self._loop(agg, pushes, types)
+        except BaseException:
+            self._finish()
+            self.stop_event.set()
+            raise
+        self._finish()
+        return self._final(t0)
+
+    def _loop(self, agg, pushes, types):
+        raw, cfg, protocol, mode = self.tf.raw_ops, self.cfg, self.protocol, self.cfg.mode
+        while self.version < cfg.steps:
+            comps = raw.QueueDequeueV2(handle=self.res["grads"], component_types=types)
+            worker, step, version_read, kind = (int(v) for v in comps[0].numpy())
+            if kind == DEAD:
+                self._on_dead(worker, agg)
+                continue
+            grads = comps[1:]
+            push = protocol.Push(worker, step, version_read)
+            if agg is None:  # async and ssp apply every push at once
+                stale = protocol.staleness(version_read, self.version)
+                lr = self._apply([grads], [1.0])
+                self.log.write("update", version=self.version, lr=lr, workers=[worker],
+                               steps=[step], versions=[version_read], staleness=[stale],
+                               weights=[1.0], fresh=[stale == 0])
+                if mode == "ssp":
+                    self.clock[worker] += 1
+                    self._ssp_grants()
+            else:
+                pushes[(worker, step)] = grads
+                update = agg.offer(push)
+                for p in agg.dropped:
+                    self.log.write("drop", worker=p.worker, step=p.step, version=p.version,
+                                   staleness=self.version - p.version)
+                    pushes.pop((p.worker, p.step))
+                agg.dropped.clear()
+                if update is not None:
+                    before = self.version
+                    lr = self._apply([pushes.pop((p.worker, p.step)) for p in update.pushes],
+                                     update.weights)
+                    self.log.write(
+                        "update", version=self.version, lr=lr,
+                        workers=[p.worker for p in update.pushes],
+                        steps=[p.step for p in update.pushes],
+                        versions=[p.version for p in update.pushes],
+                        staleness=[before - p.version for p in update.pushes],
+                        weights=update.weights, fresh=update.fresh)
+                self.waiting.append((worker, version_read))
+                self._owe_tokens()
+            if cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0:
+                self._checkpoint()
+            self._fault()
+
+    def _on_dead(self, worker, agg):
+        cfg = self.cfg
+        live = sorted(self.alive - self.finished)
+        if cfg.mode == "sync":
+            raise RuntimeError(f"worker {worker} died: sync (BSP) training cannot finish without "
+                               f"all {cfg.workers} workers; use mode='backup' with k < "
+                               f"{cfg.workers} to tolerate a lost worker")
+        if cfg.mode == "backup" and len(live) < cfg.k:
+            raise RuntimeError(f"worker {worker} died: backup mode needs k={cfg.k} live workers, "
+                               f"only {len(live)} left ({live}); lower k or restart the run")
+        if cfg.mode == "ssp":
+            self._ssp_grants()
+
+    def _finish(self):
+        """Stop the workers: set the flag, close the queues so blocked ops return."""
+        raw, tf = self.tf.raw_ops, self.tf
+        raw.AssignVariableOp(resource=self.res["stopped"], value=tf.constant(1, tf.int64))
+        raw.QueueCloseV2(handle=self.res["grads"], cancel_pending_enqueues=True)
+        for h in self.res["tokens"]:
+            raw.QueueCloseV2(handle=h, cancel_pending_enqueues=True)
+
+    def _wait_all(self, queue_name: str, seen: set) -> None:
+        """Dequeue worker ids from a queue until every live worker is in `seen`."""
+        raw, tf = self.tf.raw_ops, self.tf
+        while True:  # the watcher enqueues the id of a worker that dies, so this ends
+            with self.lock:
+                if not (self.alive - seen):
+                    return
+            w = int(raw.QueueDequeueV2(handle=self.res[queue_name], component_types=[tf.int64])[0])
+            with self.lock:
+                seen.add(w)
+
+    def _final(self, t0) -> dict:
+        self._wait_all("done", self.finished)
+        self.stop_event.set()
+        if self.cfg.checkpoint_every:
+            self._checkpoint()
+        for var, value in zip(self.model.trainable_variables, self._values()):
+            var.assign(value)
+        from helpers.cluster import models
+
+        acc = models.accuracy(self.model, *self.test)
+        self.log.write("final", version=self.version, test_accuracy=acc, wall_s=time.time() - t0)
+        return {"test_accuracy": acc, "version": self.version}
+
+
+class WorkerLoop:
+    """Pull parameters, compute a gradient on a local batch, push it; wait when the mode says."""
+
+    def __init__(self, node, cfg, log, model, res, x, y):
+        from helpers.cluster import protocol
+
+        self.node, self.tf, self.cfg, self.log = node, node.tf, cfg, log
+        self.model, self.res, self.x, self.y = model, res, x, y
+        self.downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
+        tf = self.tf
+        self.acc = [tf.Variable(tf.zeros(v.shape), trainable=False)
+                    for v in model.trainable_variables]
+        self.version_read = tf.Variable(tf.constant(0, tf.int64), trainable=False)
+        self.rng = np.random.default_rng([cfg.seed, node.task])
+        self.bytes = int(sum(np.prod(v.shape) for v in model.trainable_variables) * 4)
+        self._build_step()
+
+    def _build_step(self):
+        tf, raw, model, res, cfg = self.tf, self.tf.raw_ops, self.model, self.res, self.cfg
+        import keras
+
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        variables = model.trainable_variables
+        shapes = [tuple(v.shape) for v in variables]
+        ps, task, n_push = self.node.ps, self.node.task, cfg.n_push
+        local_lr = cfg.lr
+
+        @tf.function
+        def step(x, y, local_step, fetch: bool, push: bool):
+            if fetch:
+                with tf.device(ps):
+                    values = [raw.ReadVariableOp(resource=h, dtype=tf.float32)
+                              for h in res["vars"]]
+                    version = raw.ReadVariableOp(resource=res["version"], dtype=tf.int64)
+                for var, value, shape in zip(variables, values, shapes):
+                    var.assign(tf.ensure_shape(value, shape))
+                self.version_read.assign(version)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, variables)
+            for a, g in zip(self.acc, grads):
+                a.assign_add(g)
+            if cfg.n_fetch > 1:  # Downpour: keep training the local copy between fetches
+                for var, g in zip(variables, grads):
+                    var.assign_sub(local_lr * g)
+            if push:
+                meta = tf.stack([tf.constant(task, tf.int64), local_step, self.version_read,
+                                 tf.constant(GRAD, tf.int64)])
+                with tf.device(ps):
+                    raw.QueueEnqueueV2(handle=res["grads"],
+                                       components=[meta] + [a / n_push for a in self.acc])
+                for a in self.acc:
+                    a.assign(tf.zeros_like(a))
+            return loss
+
+        self.step = step
+
+    def _warm_up(self):
+        """Trace the step function and run it once without pushing, so all start together."""
+        tf, b = self.tf, self.cfg.batch_size
+        x, y = self.x[:b], self.y[:b]
+        self.step(x, y, tf.constant(0, tf.int64), True, False)
+        for a in self.acc:
+            a.assign(tf.zeros_like(a))
+        pushes = {True} if self.cfg.n_push == 1 else {True, False}
+        fetches = {True} if self.cfg.n_fetch == 1 else {True, False}
+        for fetch in fetches:
+            for push in pushes:
+                self.step.get_concrete_function(x, y, tf.constant(0, tf.int64), fetch, push)
+
+    def _token(self):
+        tf, raw = self.tf, self.tf.raw_ops
+        with tf.device(self.node.ps):
+            tok = raw.QueueDequeueV2(handle=self.res["tokens"][self.node.task],
+                                     component_types=[tf.int64])
+        return [int(v) for v in tok[0].numpy()]
+
+    def _delay(self, compute_s):
+        spec = self.cfg.stragglers.get(str(self.node.task))
+        if spec is None:
+            return 0.0
+        if isinstance(spec, dict):
+            delay = (self.rng.exponential(spec["mean"]) if spec["dist"] == "exponential"
+                     else self.rng.uniform(0, 2 * spec["mean"]))
+        else:
+            delay = (spec - 1) * compute_s
+        time.sleep(delay)  # the simulated slowdown itself, not a wait for a condition
+        return delay
+
+    def run(self) -> dict:
+        tf, cfg = self.tf, self.cfg
+        n = len(self.x)
+        order = self.rng.permutation(n)
+        pos, step = 0, 0
+        waits_every_step = cfg.mode in ("sync", "backup", "ssp")
+        fault = cfg.faults.get(str(self.node.task))
+        ended = (tf.errors.OutOfRangeError, tf.errors.CancelledError, tf.errors.AbortedError)
+        try:
+            self._token()  # the PS has initialised the parameters
+            self._warm_up()
+            with tf.device(self.node.ps):
+                self.tf.raw_ops.QueueEnqueueV2(handle=self.res["join"],
+                                               components=[tf.constant(self.node.task, tf.int64)])
+            while True:
+                if fault and step == fault["at"]:
+                    self.log.write("fault", what=fault["kind"], step=step)
+                    os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill"
+                            else signal.SIGSTOP)
+                wait_s = 0.0
+                if step == 0 or waits_every_step:
+                    t = time.perf_counter()
+                    gap = self._token()
+                    wait_s = time.perf_counter() - t
+                if pos + cfg.batch_size > n:
+                    order, pos = self.rng.permutation(n), 0
+                idx = order[pos:pos + cfg.batch_size]
+                pos += cfg.batch_size
+                fetch = self.downpour.fetch(step)
+                push = self.downpour.accumulate()
+                t = time.perf_counter()
+                loss = float(self.step(self.x[idx], self.y[idx], tf.constant(step, tf.int64),
+                                       fetch, push))
+                compute_s = time.perf_counter() - t
+                delay = self._delay(compute_s)
+                self.log.write("step", worker=self.node.task, step=step,
+                               version_read=int(self.version_read.numpy()), fetched=fetch,
+                               pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
+                               delay_s=delay, bytes_pulled=self.bytes if fetch else 0,
+                               bytes_pushed=self.bytes + 32 if push else 0,
+                               gap=(step - gap[1]) if cfg.mode == "ssp" else None)
+                step += 1
+        except ended:
+            with tf.device(self.node.ps):
+                stopped = int(self.tf.raw_ops.ReadVariableOp(resource=self.res["stopped"],
+                                                             dtype=tf.int64))
+            if not stopped:
+                raise
+        with tf.device(self.node.ps):
+            self.tf.raw_ops.QueueEnqueueV2(handle=self.res["done"],
+                                           components=[tf.constant(self.node.task, tf.int64)])
+        self.log.write("done", worker=self.node.task, steps=step)
+        return {"steps": step}
+
+
+def main(argv=None) -> int:
+    """Parse arguments, start the TF server or client, then serve run commands."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cluster", required=True, help="JSON file: {'ps': ['host:port'], ...}")
+    p.add_argument("--job", required=True, choices=["ps", "worker"])
+    p.add_argument("--task", type=int, default=0)
+    p.add_argument("--run", help="standalone: the run config JSON to train once, then exit")
+    p.add_argument("--control", action="store_true", help="read run commands from stdin")
+    p.add_argument("--parent-pid", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.control:
+        die_with_parent(args.parent_pid)
+        proto = os.fdopen(os.dup(1), "w")  # the launcher's channel; fd 1 now goes to the log
+        os.dup2(2, 1)
+    else:
+        proto = None
+    os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
+    cluster = json.loads(Path(args.cluster).read_text())
+    from helpers.cluster.protocol import RunConfig, validate
+
+    node = Node(cluster, args.job, args.task, proto)
+    node.say(event="ready", job=args.job, task=args.task, pid=os.getpid())
+    print(f"{args.job}:{args.task} ready (pid {os.getpid()})", file=sys.stderr, flush=True)
+    if args.run:
+        body = json.loads(Path(args.run).read_text())
+        cfg = validate(RunConfig.from_dict(body))
+        run_dir = Path(body.get("run_dir") or Path(args.run).parent)
+        result = node.run(cfg, run_dir)
+        print(json.dumps(result), flush=True)
+        return 0
+    for line in sys.stdin:  # EOF: the launcher is gone
+        cmd = json.loads(line)
+        if cmd["cmd"] == "exit":
+            break
+        cfg = RunConfig.from_dict(json.loads(Path(cmd["config"]).read_text()))
+        if node.task not in cfg.worker_ids and args.job == "worker":
+            node.say(event="done", run=cfg.run_id, result={"idle": True})
+            continue
+        try:
+            result = node.run(cfg, Path(cmd["config"]).parent, cmd.get("worker_pids"))
+            node.say(event="done", run=cfg.run_id, result=result)
+        except Exception as exc:  # reported to the launcher, which raises it with the log tail
+            traceback.print_exc()
+            node.say(event="error", run=cfg.run_id, error=f"{type(exc).__name__}: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
