@@ -326,15 +326,20 @@ class LocalCluster:
         run_dir = config.runs_dir(cfg.run_id)
         cfg_path = run_dir / "config.json"
         cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+        missing = [w for w in cfg.worker_ids if w in self.dead_workers or w >= self.workers]
+        if missing:
+            raise ValueError(f"workers {missing} are dead or do not exist; live workers: {live}")
         pids = {w: self.procs[f"worker:{w}"].pid for w in cfg.worker_ids}
-        for proc in self.procs.values():
-            proc.send({"cmd": "run", "config": str(cfg_path), "worker_pids": pids})
+        for name, proc in self.procs.items():
+            if proc.died() is None:
+                proc.send({"cmd": "run", "config": str(cfg_path), "worker_pids": pids})
         return self._watch(cfg, run_dir, progress)
 
     def _watch(self, cfg, run_dir, progress) -> "Run":
         from helpers.resources import ResourceMonitor
 
-        waiting = set(self.procs)
+        waiting = {name for name, p in self.procs.items() if p.died() is None}
+        ps_error = None
         sizes: dict[Path, int] = {}
         last_progress = time.monotonic()
         bar = _Progress(cfg, run_dir) if progress else None
@@ -347,13 +352,19 @@ class LocalCluster:
                         name, msg = self.inbox.get(timeout=0.2)
                     except queue.Empty:
                         name, msg = None, {}
-                    if msg.get("event") == "error":
+                    # a dead PS explains the workers' errors: name it first
+                    self._check_deaths(cfg.mode, tolerate_workers=True)
+                    waiting -= {f"worker:{w}" for w in self.dead_workers}
+                    if msg.get("event") == "error" and name == "ps:0":
+                        # a protocol error (e.g. a lost worker in sync mode): the PS has
+                        # closed the run's queues, so the workers finish and the cluster lives
+                        ps_error = msg["error"]
+                        waiting.discard(name)
+                    elif msg.get("event") == "error":
                         self._fail(f"{name} failed during run {cfg.run_id}: {msg['error']}", name)
                     if msg.get("event") == "done":
                         waiting.discard(name)
                         results[name] = msg.get("result")
-                    self._check_deaths(cfg.mode, tolerate_workers=cfg.mode != "sync")
-                    waiting -= {f"worker:{w}" for w in self.dead_workers}
                     now_sizes = {p: p.stat().st_size for p in run_dir.glob("*.jsonl")}
                     if now_sizes != sizes:
                         sizes, last_progress = now_sizes, time.monotonic()
@@ -369,6 +380,8 @@ class LocalCluster:
                 if bar:
                     bar.close()
         wall = time.perf_counter() - t0
+        if ps_error is not None:
+            raise ClusterError(f"run {cfg.run_id} failed: {ps_error}")
         names = {pid: name for name, pid in self.pids.items()}
         resources = {names.get(pid, pid): v for pid, v in monitor.summary().items()}
         return Run(cfg, run_dir, results, wall, resources, sorted(self.dead_workers))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -46,6 +47,9 @@ class Node:
         self.ps = "/job:ps/replica:0/task:0/device:CPU:0"
         spec = tf.train.ClusterSpec({"ps": [self.ps_addr]})
         if job == "ps":
+            # every worker blocked in a dequeue holds one inter-op thread of the PS: with the
+            # default (one per core) a third waiting worker starves everyone else
+            tf.config.threading.set_inter_op_parallelism_threads(64)
             tf.config.experimental_connect_to_cluster(spec, job_name="ps", task_index=0)
             int(tf.constant(1) + 1)  # the context, and with it the server, starts lazily
         else:
@@ -511,6 +515,7 @@ def main(argv=None) -> int:
     p.add_argument("--control", action="store_true", help="read run commands from stdin")
     p.add_argument("--parent-pid", type=int, default=None)
     args = p.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     if args.control:
         die_with_parent(args.parent_pid)
         proto = os.fdopen(os.dup(1), "w")  # the launcher's channel; fd 1 now goes to the log

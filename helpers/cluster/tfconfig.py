@@ -1,0 +1,164 @@
+"""Start a TF_CONFIG cluster for TF's own strategies: one OS process per task, always cleaned up.
+
+Each task runs `python -m helpers.strategies job.json` with its own TF_CONFIG environment
+variable, which tells it the cluster and its role. The process plumbing (free ports,
+dying with the parent, one process group each, log tails) is the engine's, from launcher.py.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import sys
+import time
+from pathlib import Path
+
+from helpers import config
+from helpers.cluster.launcher import _Proc, free_ports, log_tail
+
+ROLES = ("chief", "worker", "ps")
+_COUNTER = itertools.count()
+
+
+class TFConfigError(RuntimeError):
+    """A task of a TF_CONFIG cluster failed, died or timed out."""
+
+
+def cluster_spec(roles: dict, host: str = "localhost") -> dict:
+    """A cluster dict {"worker": ["localhost:PORT", ...], ...} with fresh ports."""
+    for role, count in roles.items():
+        if role not in ROLES:
+            raise ValueError(f"unknown task type {role!r}: use {', '.join(ROLES)}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"the number of {role} tasks must be an integer >= 1, got {count!r}")
+    if roles.get("chief", 0) > 1:
+        raise ValueError(f"a cluster has at most one chief, got {roles['chief']}")
+    if "worker" not in roles:
+        raise ValueError(f"a cluster needs at least one worker, got roles {roles}")
+    ports = iter(free_ports(sum(roles.values())))
+    return {role: [f"{host}:{next(ports)}" for _ in range(count)] for role, count in roles.items()}
+
+
+def tf_config(cluster: dict, task_type: str, index: int) -> str:
+    """The TF_CONFIG value for one task: the whole cluster plus this task's role."""
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+class TFConfigCluster:
+    """The processes of one TF_CONFIG cluster, running one job; use as a context manager.
+
+    Args:
+        roles: tasks per type, e.g. {"worker": 2} (MultiWorkerMirroredStrategy) or
+            {"chief": 1, "worker": 2, "ps": 1} (ParameterServerStrategy).
+        job: the job dict every task reads (see helpers.strategies). Task types listed in
+            `servers` get {"kind": "server"} instead.
+        servers: task types that only serve (never finish on their own); they are ended
+            once every other task is done.
+        timeout: seconds to wait for the job before ending every process.
+    Raises:
+        ValueError: for bad roles or timeout, before any process starts.
+    """
+
+    def __init__(self, roles: dict, job: dict, servers=(), timeout: float = 600.0,
+                 name: str | None = None, module: str = "helpers.strategies"):
+        self.cluster = cluster_spec(roles)
+        if module == "helpers.strategies":
+            from helpers.strategies import validate
+
+            validate(job)
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if set(servers) >= set(roles):
+            raise ValueError(f"servers={list(servers)} leaves no task to run the job {roles}")
+        self.job, self.servers, self.timeout, self.module = job, tuple(servers), timeout, module
+        self.name = name or f"tfconfig-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
+        self.dir: Path | None = None
+        self.procs: dict[str, _Proc] = {}
+        self.inbox: queue.Queue = queue.Queue()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """PID of each task, by name ("worker:0", "ps:0", ...)."""
+        return {name: p.pid for name, p in self.procs.items()}
+
+    def start(self) -> "TFConfigCluster":
+        """Start one process per task (returns at once; the tasks find each other)."""
+        self.dir = config.runs_dir("tfconfig", self.name)
+        files = {}
+        for kind, job in (("job", self.job), ("server", {"kind": "server"})):
+            files[kind] = self.dir / f"{kind}.json"
+            files[kind].write_text(json.dumps(job))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        try:
+            for role, addresses in self.cluster.items():
+                for index in range(len(addresses)):
+                    name = f"{role}:{index}"
+                    job_file = files["server" if role in self.servers else "job"]
+                    cmd = [sys.executable, "-m", self.module, str(job_file)]
+                    self.procs[name] = _Proc(name, cmd, dict(env, TF_CONFIG=tf_config(
+                        self.cluster, role, index)), self.dir / f"{role}-{index}.log", self.inbox)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self) -> dict:
+        """Wait until every non-server task reports its result; return them by task name.
+
+        Raises:
+            TFConfigError: a task exited without a result, or the timeout passed (every
+                process is ended first, and the error shows the failing task's log tail).
+        """
+        waiting = {n for n in self.procs if n.split(":")[0] not in self.servers}
+        results, deadline = {}, time.monotonic() + self.timeout
+        while waiting:
+            try:
+                name, msg = self.inbox.get(timeout=0.2)
+            except queue.Empty:
+                name, msg = None, {}
+            if msg.get("event") == "done":
+                results[name] = msg["result"]
+                waiting.discard(name)
+            elif msg.get("event") == "eof" and name not in results:  # its stdout closed
+                self.procs[name].popen.wait()
+                self._fail(f"{name} (pid {self.procs[name].pid}) {self.procs[name].died()} "
+                           "before reporting a result", name)
+            if waiting and time.monotonic() > deadline:
+                self._fail(f"timed out after {self.timeout:.0f} s waiting for {sorted(waiting)}",
+                           sorted(waiting)[0])
+        return results
+
+    def _fail(self, what: str, name: str):
+        log = self.procs[name].log_path
+        self.stop()
+        raise TFConfigError(f"{what}\n--- last lines of {log} ---\n{log_tail(log)}")
+
+    def stop(self) -> None:
+        """End every task's process group (idempotent)."""
+        for proc in self.procs.values():
+            proc.kill()
+        self.procs.clear()
+
+
+def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | None = None):
+    """Start a cluster, run `job`, end every process; return (results, resources, wall seconds).
+
+    `resources` maps task name -> {"cpu_percent", "peak_rss_mb"} sampled with psutil.
+    """
+    from helpers.resources import ResourceMonitor
+
+    t0 = time.perf_counter()
+    with TFConfigCluster(roles, job, servers, timeout, name) as cluster:
+        names = {pid: n for n, pid in cluster.pids.items()}
+        with ResourceMonitor(list(names), interval=0.5) as monitor:
+            results = cluster.wait()
+    resources = {names[pid]: v for pid, v in monitor.summary().items()}
+    return results, resources, time.perf_counter() - t0

@@ -1,0 +1,238 @@
+"""Real clusters of OS processes: each mode trains, invariants hold in the event logs, faults
+are reported, and nothing is left running or listening.
+
+Sizes are small (logistic regression on a 6,000-image MNIST subset, 150 PS updates) so that
+the whole file runs in a few minutes on 2 cores; clusters are reused across tests.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from helpers.cluster import ClusterError, LocalCluster, protocol
+from helpers.cluster.launcher import log_tail
+
+STEPS = 150
+MIN_ACCURACY = 0.78  # logistic regression reaches ~0.85 on this subset in 150 updates
+COMMON = dict(steps=STEPS, batch_size=64, lr=0.5, train_size=6000, test_size=2000,
+              progress=False, seed=0)
+
+
+@pytest.fixture(scope="module")
+def cluster(shared_data):
+    with LocalCluster(workers=3, isolate="auto") as c:
+        yield c
+
+
+def updates(run):
+    ev = run.events
+    return ev[ev.kind == "update"]
+
+
+def steps_of(run):
+    ev = run.events
+    return ev[ev.kind == "step"]
+
+
+def test_async_downpour_trains_and_records_staleness(cluster):
+    run = cluster.train(mode="async", n_fetch=2, n_push=2, **COMMON)
+    assert run.test_accuracy > MIN_ACCURACY
+    up, st = updates(run), steps_of(run)
+    assert len(up) == STEPS and up.version.tolist() == list(range(1, STEPS + 1))
+    for _, row in up.iterrows():  # staleness = updates between the pull and this apply
+        assert row.staleness == [row.version - 1 - v for v in row.versions]
+    for _, rows in st.groupby("worker"):  # Downpour schedule, replayed from the protocol
+        rows = rows.sort_values("step")
+        d = protocol.Downpour(2, 2)
+        assert rows.fetched.tolist() == [d.fetch(s) for s in rows.step]
+        assert rows.pushed.tolist() == [d.accumulate() for _ in rows.step]
+        assert (rows.bytes_pulled > 0).tolist() == rows.fetched.tolist()
+    summary = run.summary()
+    assert summary["ps_updates"] == STEPS and summary["staleness_max"] >= 0
+    assert set(summary["resources"]) >= {"ps:0", "worker:0"}
+
+
+def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster):
+    run = cluster.train(mode="sync", **COMMON)
+    assert run.test_accuracy > MIN_ACCURACY
+    up = updates(run)
+    assert len(up) == STEPS
+    for _, row in up.iterrows():
+        assert sorted(row.workers) == [0, 1, 2]
+        assert row.versions == [row.version - 1] * 3
+        assert row.weights == pytest.approx([1 / 3] * 3)
+    # every worker waited for each new version: one step per worker per update
+    assert steps_of(run).groupby("worker").size().tolist() == [STEPS] * 3
+
+
+def test_ssp_gap_never_exceeds_staleness(cluster):
+    s = 1
+    run = cluster.train(mode="ssp", staleness=s, stragglers={2: 3.0}, **COMMON)
+    assert run.test_accuracy > MIN_ACCURACY
+    st = steps_of(run)
+    assert st.gap.max() <= s
+    assert st.gap.max() == s  # with a 3x straggler the fast workers do run ahead
+    assert len(updates(run)) == STEPS
+
+
+def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster):
+    k, decay = 2, 0.5
+    run = cluster.train(mode="backup", k=k, stale="fold", decay=decay, stragglers={2: 3.0},
+                        **COMMON)
+    assert run.test_accuracy > MIN_ACCURACY
+    folded = 0
+    for _, row in updates(run).iterrows():
+        fresh = [i for i, f in enumerate(row.fresh) if f]
+        stale = [i for i, f in enumerate(row.fresh) if not f]
+        assert len(fresh) == k
+        assert all(row.versions[i] == row.version - 1 for i in fresh)
+        assert all(row.weights[i] == pytest.approx(1 / k) for i in fresh)
+        ages = [row.version - 1 - row.versions[i] for i in stale]
+        expected = protocol.fold_weights(ages, 1.0, decay, 0.5)
+        assert [row.weights[i] for i in stale] == pytest.approx(expected)
+        assert sum(row.weights[i] for i in stale) <= 0.5 + 1e-9
+        folded += len(stale)
+    assert folded > 0, "the 3x straggler should have produced late gradients to fold"
+
+
+def test_backup_drop_discards_late_gradients(cluster):
+    run = cluster.train(mode="backup", k=2, stale="drop", stragglers={2: 3.0}, **COMMON)
+    assert run.test_accuracy > MIN_ACCURACY
+    for _, row in updates(run).iterrows():
+        assert row.fresh == [True, True] and row.versions == [row.version - 1] * 2
+    drops = run.events[run.events.kind == "drop"]
+    assert len(drops) > 0 and (drops.staleness >= 1).all()
+    assert run.summary()["dropped"] == len(drops)
+
+
+def test_isolated_cluster_listens_on_no_host_port(cluster):
+    if not cluster.isolated:
+        pytest.skip("unprivileged user namespaces are not permitted on this machine, so the "
+                    "cluster runs unisolated (LocalCluster warned about it)")
+    port = int(json.loads((cluster.dir / "cluster.json").read_text())["ps"][0].rsplit(":")[1])
+    # inside the namespace the PS listens on that port ...
+    inside = subprocess.run(["nsenter", f"--target={cluster.holder.pid}", "--user", "--net",
+                             "--preserve-credentials", "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+                            capture_output=True, text=True, timeout=30)
+    listening_inside = {int(line.split()[1].rsplit(":")[1], 16)
+                        for line in inside.stdout.splitlines()[1:]
+                        if len(line.split()) > 3 and line.split()[3] == "0A"}
+    assert port in listening_inside
+    # ... while the host namespace has no listening socket of any cluster process
+    cluster_pids = set(cluster.pids.values())
+    host = [c for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in cluster_pids]
+    assert host == []
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_not_permitted_isolation_warns_once_or_raises(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no unshare/nsenter to be found
+    import helpers.cluster.launcher as launcher
+
+    monkeypatch.setattr(launcher, "_WARNED", False)
+    with pytest.warns(RuntimeWarning, match="listen on ALL network interfaces"):
+        assert LocalCluster(1, isolate="auto")._enter_namespace() == []
+    with pytest.raises(ClusterError, match="isolate=True but"):
+        LocalCluster(1, isolate=True)._enter_namespace()
+
+
+def test_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
+    run = cluster.train(mode="ssp", staleness=1, faults={2: {"kind": "kill", "at": 20}},
+                        **COMMON)
+    assert run.dead_workers == [2]
+    assert len(updates(run)) == STEPS and run.test_accuracy > MIN_ACCURACY
+    st = steps_of(run)
+    assert st[st.worker == 2].step.max() < 20 and st.gap.max() <= 1
+    run = cluster.train(mode="backup", k=1, workers=2, worker_ids=[0, 1],
+                        faults={1: {"kind": "kill", "at": 20}}, **COMMON)
+    assert sorted(run.dead_workers) == [1, 2] and len(updates(run)) == STEPS
+
+
+def test_bad_config_raises_before_anything_starts():
+    with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
+        LocalCluster(workers=0)
+    with pytest.raises(ValueError, match="isolate must be"):
+        LocalCluster(workers=1, isolate="maybe")
+
+
+@pytest.fixture(scope="module")
+def small_cluster(shared_data):
+    with LocalCluster(workers=2, isolate="auto", stall_timeout=8) as c:
+        yield c
+
+
+def test_lost_workers_give_clear_errors_in_sync_and_backup(small_cluster):
+    with pytest.raises(ClusterError, match="use mode='backup'"):
+        small_cluster.train(mode="sync", faults={1: {"kind": "kill", "at": 10}}, **COMMON)
+    assert small_cluster.dead_workers == {1}
+    with pytest.raises(ValueError, match="k must be between 1 and workers=1"):
+        small_cluster.train(mode="backup", k=2, **COMMON)
+
+
+def test_hung_ps_trips_the_stall_watchdog(small_cluster):
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"no progress for 8 s.*ps:0") as err:
+        small_cluster.train(mode="async", faults={"ps": {"kind": "hang", "at": 20}}, **COMMON)
+    assert "last lines of" in str(err.value)
+    assert time.monotonic() - t0 < 60
+    assert small_cluster.procs == {}  # torn down
+
+
+def test_killed_ps_fails_fast_naming_it(shared_data):
+    with LocalCluster(workers=2, isolate="auto") as c:
+        pids = list(c.pids.values())
+        with pytest.raises(ClusterError, match=r"ps:0 \(pid \d+\) killed by SIGKILL") as err:
+            c.train(mode="backup", k=1, faults={"ps": {"kind": "kill", "at": 30}}, **COMMON)
+        assert "last lines of" in str(err.value)
+        ev_file = next(c.dir.parent.glob(f"{c.name}-run*/ps-0.jsonl"))
+        fault_t = [json.loads(l)["t"] for l in ev_file.read_text().splitlines()
+                   if '"fault"' in l][0]
+        assert time.time() - fault_t < 10  # the error came within 10 s of the death
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+ORPHAN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from helpers.cluster import LocalCluster
+    c = LocalCluster(workers=1, isolate="auto").start()
+    pids = list(c.pids.values()) + ([c.holder.pid] if c.holder else [])
+    print(json.dumps(pids), flush=True)
+    sys.stdin.read()  # wait to be killed
+""")
+
+
+def test_no_survivors_when_the_launcher_is_sigkilled(shared_data):
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        line = parent.stdout.readline()
+        assert line, "the launcher script died before starting its cluster"
+        pids = json.loads(line)
+        assert all(psutil.pid_exists(p) for p in pids)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        survivors = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                                      timeout=20)[1]
+        assert survivors == [], f"orphans left running: {[p.pid for p in survivors]}"
+    finally:
+        for p in pids:  # cleanup by PID if the test failed
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+        parent.stdin.close()
+        parent.stdout.close()
