@@ -72,7 +72,8 @@ class TFConfigCluster:
         if set(servers) >= set(roles):
             raise ValueError(f"servers={list(servers)} leaves no task to run the job {roles}")
         self.job, self.servers, self.timeout, self.module = job, tuple(servers), timeout, module
-        self.name = name or f"tfconfig-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.name = name or f"tfconfig-{stamp}-{os.getpid()}-{next(_COUNTER)}"
         self.dir: Path | None = None
         self.procs: dict[str, _Proc] = {}
         self.inbox: queue.Queue = queue.Queue()

@@ -1,0 +1,227 @@
+"""What each TF_CONFIG task runs: MultiWorkerMirroredStrategy, ParameterServerStrategy, servers.
+
+`python -m helpers.strategies job.json` reads its role from TF_CONFIG (set by
+helpers.cluster.tfconfig), runs the job and prints one JSON line {"event": "done",
+"result": ...} on stdout. Both strategies use a custom training loop: Keras 3's
+`model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) and Keras 3
+dropped ParameterServerStrategy training altogether (keras-team/keras#18624).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+KINDS = ("mwms", "ps", "server")
+MODELS = ("logreg", "lenet")
+
+
+def validate(job: dict) -> dict:
+    """Check a job before any TensorFlow import; raise ValueError naming the bad value."""
+    if job.get("kind") not in KINDS:
+        raise ValueError(f"job kind must be one of {KINDS}, got {job.get('kind')!r}")
+    if job["kind"] == "server":
+        return job
+    if job.get("model", "logreg") not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {job.get('model')!r}")
+    runs = job.get("runs", [{}]) if job["kind"] == "mwms" else [{}]
+    if not runs:
+        raise ValueError("runs must list at least one {'batch_size': ..., 'epochs': ...}")
+    sizes = {"train_size": job.get("train_size"), "test_size": job.get("test_size")}
+    for run in runs:
+        sizes["batch_size"] = run.get("batch_size", job.get("batch_size"))
+        for key, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+    if not job.get("lr", 0) > 0:
+        raise ValueError(f"lr must be > 0, got {job.get('lr')!r}")
+    return job
+
+
+def mnist_arrays(train_size: int, test_size: int, seed: int = 0):
+    """MNIST scaled to [0, 1]: a seeded training subset and the first test examples."""
+    from helpers.data import load_mnist
+
+    (x, y), (xt, yt) = load_mnist()
+    order = np.random.default_rng(seed).permutation(len(x))[:train_size]
+    return (x[order].astype(np.float32) / 255, y[order].astype(np.int32),
+            xt[:test_size].astype(np.float32) / 255, yt[:test_size].astype(np.int32))
+
+
+def accuracy(model, x, y, batch: int = 1000) -> float:
+    """Fraction of examples whose arg-max logit is the label."""
+    hits = sum(int((np.asarray(model(x[i:i + batch])).argmax(1) == y[i:i + batch]).sum())
+               for i in range(0, len(x), batch))
+    return hits / len(x)
+
+
+def ring_bytes(grad_bytes: int, workers: int) -> float:
+    """Bytes each worker sends per ring all-reduce of `grad_bytes`: 2 (N - 1) / N of them."""
+    return 2 * (workers - 1) / workers * grad_bytes
+
+
+def run_mwms(job: dict) -> dict:
+    """Train with MultiWorkerMirroredStrategy, once per entry of job["runs"], all in lock-step."""
+    import psutil
+    import tensorflow as tf
+
+    from helpers.resources import ResourceMonitor
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    ready_s = time.time() - psutil.Process().create_time()
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    x, y, xt, yt = mnist_arrays(job["train_size"], job["test_size"], job.get("seed", 0))
+    results = []
+    for run in job["runs"]:
+        with ResourceMonitor(interval=0.25) as monitor:
+            result = train_mirrored(strategy, dict(job, **run), x, y, xt, yt, evaluate=task == 0)
+        usage = monitor.summary()[os.getpid()]
+        results.append(dict(result, cpu_percent=usage["cpu_percent"],
+                            peak_rss_mb=usage["peak_rss_mb"]))
+    return {"workers": strategy.num_replicas_in_sync, "ready_s": ready_s, "runs": results}
+
+
+def train_mirrored(strategy, job: dict, x, y, xt, yt, evaluate: bool) -> dict:
+    """One custom-loop training run under a (multi-worker) mirrored strategy."""
+    import keras
+    import tensorflow as tf
+
+    from helpers.cluster.models import build
+
+    n, batch, seed = strategy.num_replicas_in_sync, job["batch_size"], job.get("seed", 0)
+
+    def dataset_fn(ctx):  # each worker reads its own shard: nothing is shipped between them
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        ds = ds.shuffle(len(x), seed=seed).repeat()
+        return ds.batch(ctx.get_per_replica_batch_size(batch), drop_remainder=True).prefetch(2)
+
+    data = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    with strategy.scope():
+        model = build(job["model"], (28, 28), 10, seed)
+        optimizer = keras.optimizers.get({"class_name": job.get("optimizer", "adam"),
+                                          "config": {"learning_rate": job["lr"]}})
+
+    def replica_step(xb, yb):
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                yb, model(xb, training=True), from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces grads
+        return loss
+
+    @tf.function
+    def train_step(iterator):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
+
+    steps = max(1, len(x) // batch)
+    grad_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    history, train_s = [], 0.0
+    for epoch in range(1, job.get("epochs", 1) + 1):
+        t0 = time.perf_counter()
+        losses = [float(train_step(data)) for _ in range(steps)]
+        train_s += time.perf_counter() - t0
+        acc = accuracy(model, xt, yt) if evaluate else None  # the others wait at the next step
+        history.append({"epoch": epoch, "loss": float(np.mean(losses)), "test_accuracy": acc,
+                        "train_s": train_s})
+    return {"workers": n, "batch_size": batch, "steps_per_epoch": steps, "history": history,
+            "train_s": train_s, "test_accuracy": history[-1]["test_accuracy"],
+            "grad_bytes": grad_bytes,
+            "bytes_sent": ring_bytes(grad_bytes, n) * steps * len(history),
+            "weights_checksum": float(sum(float(np.abs(v.numpy()).sum())
+                                          for v in model.trainable_variables))}
+
+
+def run_ps(job: dict) -> dict:
+    """Coordinate ParameterServerStrategy training: schedule steps on workers, variables on PS."""
+    import keras
+    import tensorflow as tf
+
+    from helpers.cluster.models import build
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    t0 = time.perf_counter()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    ready_s = time.perf_counter() - t0
+    batch, lr, path = job["batch_size"], job["lr"], job["data_file"]
+
+    def dataset_fn():  # traced here, run on each worker: it reads the file there
+        raw = tf.io.decode_raw(tf.io.read_file(path), tf.uint8)
+        n = tf.size(raw) // 785
+        rows = tf.reshape(raw, [n, 785])
+        images = tf.cast(tf.reshape(rows[:, 1:], [n, 28, 28]), tf.float32) / 255.0
+        labels = tf.cast(rows[:, 0], tf.int32)
+        ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(10_000).repeat()
+        return ds.batch(batch, drop_remainder=True).prefetch(2)
+
+    with strategy.scope():
+        model = build("logreg", (28, 28), 10, job.get("seed", 0))
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step_fn(it):
+        def replica_fn(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                    yb, model(xb, training=True), from_logits=True))
+            for var, grad in zip(model.trainable_variables,
+                                 tape.gradient(loss, model.trainable_variables)):
+                var.assign_sub(lr * grad)  # plain SGD, applied on the PS as each step lands
+            return loss
+        return strategy.run(replica_fn, args=next(it))
+
+    steps = job["steps"]
+    t0 = time.perf_counter()
+    remote = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(steps)]
+    coordinator.join()
+    train_s = time.perf_counter() - t0
+    _, _, xt, yt = mnist_arrays(1, job["test_size"])
+    losses = [float(r.fetch()) for r in remote]
+    return {"workers": len(resolver.cluster_spec().as_dict().get("worker", [])), "steps": steps,
+            "ready_s": ready_s, "train_s": train_s, "steps_per_s": steps / train_s,
+            "loss_first": float(np.mean(losses[:20])), "loss_last": float(np.mean(losses[-20:])),
+            "test_accuracy": accuracy(model, xt, yt)}
+
+
+def write_mnist_rows(path: Path, train_size: int, seed: int = 0) -> Path:
+    """Write label + 784 pixels per row as raw uint8, for a dataset_fn to read with TF ops."""
+    from helpers.data import load_mnist
+
+    (x, y), _ = load_mnist()
+    order = np.random.default_rng(seed).permutation(len(x))[:train_size]
+    rows = np.concatenate([y[order, None].astype(np.uint8), x[order].reshape(-1, 784)], axis=1)
+    tmp = Path(path).with_suffix(".tmp")
+    rows.tofile(tmp)
+    os.replace(tmp, path)  # atomic: never a half-written file
+    return Path(path)
+
+
+def run_server() -> None:
+    """Serve this task's part of the cluster (a PS or a PS-strategy worker) until killed."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                  task_index=resolver.task_id, protocol="grpc", start=True)
+    print(json.dumps({"event": "ready"}), flush=True)
+    server.join()
+
+
+def main(argv: list[str]) -> None:
+    """Run the job file argv[0] in the role TF_CONFIG gives this process."""
+    job = validate(json.loads(Path(argv[0]).read_text()))
+    if job["kind"] == "server":
+        run_server()
+        return
+    result = run_mwms(job) if job["kind"] == "mwms" else run_ps(job)
+    print(json.dumps({"event": "done", "result": result}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,82 @@
+"""The TF_CONFIG launcher: real processes, real MultiWorkerMirroredStrategy, nothing left behind."""
+import json
+
+import psutil
+import pytest
+
+from helpers import strategies
+from helpers.cluster import tfconfig
+
+
+def _alive(pids):
+    return [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("roles, match", [
+    ({"worker": 0}, "worker tasks must be an integer >= 1"),
+    ({"gpu": 1, "worker": 1}, "unknown task type 'gpu'"),
+    ({"chief": 2, "worker": 1}, "at most one chief"),
+    ({"ps": 1}, "at least one worker"),
+])
+def test_bad_roles_raise_before_any_process(roles, match):
+    before = psutil.Process().children(recursive=True)
+    with pytest.raises(ValueError, match=match):
+        tfconfig.TFConfigCluster(roles, {"kind": "server"})
+    assert psutil.Process().children(recursive=True) == before
+
+
+def test_bad_job_and_servers_raise():
+    job = {"kind": "mwms", "model": "lenet", "train_size": 100, "test_size": 10, "lr": 0.1,
+           "runs": [{"batch_size": 0}]}
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        tfconfig.TFConfigCluster({"worker": 1}, job)
+    with pytest.raises(ValueError, match="leaves no task"):
+        tfconfig.TFConfigCluster({"worker": 1}, {"kind": "server"}, servers=("worker",))
+
+
+def test_tf_config_is_what_tensorflow_reads(monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    cluster = tfconfig.cluster_spec({"chief": 1, "worker": 2, "ps": 1})
+    monkeypatch.setenv("TF_CONFIG", tfconfig.tf_config(cluster, "worker", 1))
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+    assert resolver.cluster_spec().as_dict() == cluster
+    ports = [a.split(":")[1] for addrs in cluster.values() for a in addrs]
+    assert len(set(ports)) == 4
+
+
+def test_failing_task_raises_with_its_log_and_leaves_no_process():
+    cluster = tfconfig.TFConfigCluster({"worker": 2}, {"kind": "server"},
+                                       module="helpers.no_such_module", timeout=60)
+    with cluster:
+        pids = list(cluster.pids.values())
+        with pytest.raises(tfconfig.TFConfigError, match="exited with code 1") as err:
+            cluster.wait()
+    assert "No module named helpers.no_such_module" in str(err.value)
+    assert not _alive(pids)
+
+
+def test_timeout_ends_every_process():
+    cluster = tfconfig.TFConfigCluster({"worker": 1, "ps": 1}, {"kind": "server"},
+                                       servers=("ps",), timeout=3)
+    with cluster:
+        pids = list(cluster.pids.values())
+        with pytest.raises(tfconfig.TFConfigError, match=r"timed out after 3 s .*worker:0"):
+            cluster.wait()  # the worker only serves: it never reports a result
+    assert not _alive(pids)
+
+
+def test_two_mwms_workers_stay_identical_and_learn(shared_data, monkeypatch):
+    monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    job = {"kind": "mwms", "model": "logreg", "optimizer": "sgd", "lr": 0.5,
+           "train_size": 2048, "test_size": 1000, "runs": [{"batch_size": 128, "epochs": 2}]}
+    results, resources, _ = tfconfig.run({"worker": 2}, job, timeout=240)
+    runs = [results[f"worker:{i}"]["runs"][0] for i in range(2)]
+    # every step all-reduces the gradients, so both replicas hold the same weights
+    assert runs[0]["weights_checksum"] == pytest.approx(runs[1]["weights_checksum"], rel=1e-6)
+    assert runs[0]["history"][-1]["loss"] < runs[0]["history"][0]["loss"]
+    assert runs[0]["test_accuracy"] > 0.8  # softmax regression, 32 SGD steps
+    assert runs[0]["bytes_sent"] == strategies.ring_bytes(7850 * 4, 2) * 16 * 2
+    assert set(resources) == {"worker:0", "worker:1"}
+    assert json.dumps(results)  # plain JSON all the way
