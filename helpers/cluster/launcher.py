@@ -129,14 +129,16 @@ class LocalCluster:
         isolate: "auto" runs the cluster in a private network namespace when the OS allows
             it (else warns once that ports are reachable from the network); True requires
             it; False never isolates.
+        evaluator: also start an evaluator process that tests every checkpoint the PS writes.
         start_timeout: seconds to wait for every process to report ready.
         stall_timeout: seconds without any progress before a run is declared hung.
     Raises:
         ValueError: for a bad argument, before any process starts.
     """
 
-    def __init__(self, workers: int = 2, isolate="auto", start_timeout: float = 120.0,
-                 stall_timeout: float = 60.0, name: str | None = None):
+    def __init__(self, workers: int = 2, isolate="auto", evaluator: bool = False,
+                 start_timeout: float = 120.0, stall_timeout: float = 60.0,
+                 name: str | None = None):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
         if isolate not in ("auto", True, False):
@@ -144,7 +146,7 @@ class LocalCluster:
         for label, value in (("start_timeout", start_timeout), ("stall_timeout", stall_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
-        self.workers, self.isolate = workers, isolate
+        self.workers, self.isolate, self.evaluator = workers, isolate, bool(evaluator)
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
         self.name = name or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
         self.procs: dict[str, _Proc] = {}
@@ -223,6 +225,7 @@ class LocalCluster:
             env = dict(os.environ, TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false",
                        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
             jobs = [("ps", 0)] + [("worker", i) for i in range(self.workers)]
+            jobs += [("evaluator", 0)] if self.evaluator else []
             for job, task in jobs:
                 cmd = prefix + [sys.executable, "-m", "helpers.cluster.node", "--cluster",
                                 str(self.dir / "cluster.json"), "--job", job, "--task", str(task),
@@ -320,6 +323,7 @@ class LocalCluster:
         live = [w for w in range(self.workers) if w not in self.dead_workers]
         kwargs.setdefault("workers", len(live))
         kwargs.setdefault("worker_ids", live)
+        kwargs["evaluator"] = self.evaluator and self.procs["evaluator:0"].died() is None
         if not kwargs.get("run_id"):
             kwargs["run_id"] = f"{self.name}-run{next(_COUNTER)}"
         cfg = protocol.validate(protocol.RunConfig(**kwargs))

@@ -87,6 +87,8 @@ class Node:
                                         capacity=1000, shared_name=prefix + "done"),
                 "join": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
                                         capacity=1000, shared_name=prefix + "join"),
+                "ckpt": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
+                                        capacity=100_000, shared_name=prefix + "ckpt"),
             }
         return r
 
@@ -106,6 +108,8 @@ class Node:
             if self.job == "ps":
                 return PSLoop(self, cfg, run_dir, log, model, res, worker_pids,
                               (x_te, y_te)).run()
+            if self.job == "evaluator":
+                return EvaluatorLoop(self, run_dir, log, model, res, (x_te, y_te)).run()
             index = cfg.worker_ids.index(self.task)
             x, y = models.shard(x_tr, y_tr, index, cfg.workers)
             return WorkerLoop(self, cfg, log, model, res, x, y).run()
@@ -132,6 +136,7 @@ class PSLoop:
         tf = self.tf
         self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
         self.version = 0
+        self.last_ckpt = None
 
     # ----------------------------------------------------------- helpers
     def _init_vars(self):
@@ -183,6 +188,10 @@ class PSLoop:
 
         atomic_write_json(ckpt_dir / "latest.json", {"file": name, "version": self.version})
         self.log.write("checkpoint", version=self.version, file=name)
+        self.last_ckpt = self.version
+        if self.cfg.evaluator:
+            self.tf.raw_ops.QueueEnqueueV2(handle=self.res["ckpt"],
+                                           components=[self.tf.constant(self.version, self.tf.int64)])
 
     def _watch_workers(self):
         """Tell the PS loop (through its own queue) when a worker process dies."""
@@ -267,6 +276,9 @@ class PSLoop:
         except BaseException:
             self._finish()
             self.stop_event.set()
+            if self.cfg.evaluator:
+                self.tf.raw_ops.QueueCloseV2(handle=self.res["ckpt"],
+                                             cancel_pending_enqueues=True)
             raise
         self._finish()
         return self._final(t0)
@@ -350,8 +362,11 @@ class PSLoop:
     def _final(self, t0) -> dict:
         self._wait_all("done", self.finished)
         self.stop_event.set()
-        if self.cfg.checkpoint_every:
+        if (self.cfg.checkpoint_every or self.cfg.evaluator) and self.last_ckpt != self.version:
             self._checkpoint()
+        if self.cfg.evaluator:  # -1: no more checkpoints in this run
+            self.tf.raw_ops.QueueEnqueueV2(handle=self.res["ckpt"],
+                                           components=[self.tf.constant(-1, self.tf.int64)])
         for var, value in zip(self.model.trainable_variables, self._values()):
             var.assign(value)
         from helpers.cluster import models
@@ -359,6 +374,37 @@ class PSLoop:
         acc = models.accuracy(self.model, *self.test)
         self.log.write("final", version=self.version, test_accuracy=acc, wall_s=time.time() - t0)
         return {"test_accuracy": acc, "version": self.version}
+
+
+class EvaluatorLoop:
+    """Evaluate each checkpoint the PS announces; log test accuracy against wall time."""
+
+    def __init__(self, node, run_dir, log, model, res, test):
+        self.node, self.tf, self.run_dir, self.log = node, node.tf, run_dir, log
+        self.model, self.res, self.test = model, res, test
+
+    def run(self) -> dict:
+        from helpers.cluster import models
+
+        tf, raw = self.tf, self.tf.raw_ops
+        evaluated = 0
+        while True:
+            try:
+                with tf.device(self.node.ps):
+                    version = int(raw.QueueDequeueV2(handle=self.res["ckpt"],
+                                                     component_types=[tf.int64])[0])
+            except tf.errors.OutOfRangeError:  # the PS closed the queue: the run failed
+                break
+            if version < 0:
+                break
+            path = self.run_dir / "ckpt" / f"ckpt-{version:07d}.npz"
+            with np.load(path) as f:
+                for i, var in enumerate(self.model.trainable_variables):
+                    var.assign(f[f"w{i}"])
+            acc = models.accuracy(self.model, *self.test)
+            self.log.write("eval", version=version, test_accuracy=acc, file=path.name)
+            evaluated += 1
+        return {"evaluated": evaluated}
 
 
 class WorkerLoop:
@@ -509,7 +555,7 @@ def main(argv=None) -> int:
     """Parse arguments, start the TF server or client, then serve run commands."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True, help="JSON file: {'ps': ['host:port'], ...}")
-    p.add_argument("--job", required=True, choices=["ps", "worker"])
+    p.add_argument("--job", required=True, choices=["ps", "worker", "evaluator"])
     p.add_argument("--task", type=int, default=0)
     p.add_argument("--run", help="standalone: the run config JSON to train once, then exit")
     p.add_argument("--control", action="store_true", help="read run commands from stdin")
@@ -541,7 +587,8 @@ def main(argv=None) -> int:
         if cmd["cmd"] == "exit":
             break
         cfg = RunConfig.from_dict(json.loads(Path(cmd["config"]).read_text()))
-        if node.task not in cfg.worker_ids and args.job == "worker":
+        if (args.job == "worker" and node.task not in cfg.worker_ids) or (
+                args.job == "evaluator" and not cfg.evaluator):
             node.say(event="done", run=cfg.run_id, result={"idle": True})
             continue
         try:

@@ -177,6 +177,7 @@ class RunConfig:
     faults: dict = field(default_factory=dict)  # "ps" | worker -> {"kind", "at"}
     checkpoint_every: int = 0  # PS updates between checkpoints (0 = none)
     resume: bool = False
+    evaluator: bool = False  # set by the launcher when the cluster has an evaluator process
     seed: int = 0
     run_id: str = ""
     worker_ids: list = field(default_factory=list)  # the worker tasks taking part

@@ -66,7 +66,7 @@ class TFConfigCluster:
         if module == "helpers.strategies":
             from helpers.strategies import validate
 
-            validate(job)
+            validate(job, workers=roles.get("worker", 1))
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if set(servers) >= set(roles):
