@@ -1,0 +1,178 @@
+"""Softmax regression in TensorFlow, one SGD training loop with TensorBoard logs, and metrics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+# TensorBoard's scalar plugin reads summaries tagged with this metadata. Writing them with
+# TF's own tf.summary.write means logging needs no tensorboard package, only viewing does.
+_SCALAR = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+
+def log_scalar(name: str, value: float, step: int) -> None:
+    """Write one scalar to the default tf.summary writer, as tf.summary.scalar would."""
+    tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR)
+
+
+class SoftmaxRegression(tf.Module):
+    """p(y | x) = softmax(x W + b); loss = cross-entropy + l2 * ||W||^2 (bias not penalised)."""
+
+    def __init__(self, n_features: int, n_classes: int, l2: float = 0.0,
+                 device: str = "/CPU:0", name: str | None = None):
+        super().__init__(name=name)
+        if n_features < 1 or n_classes < 2:
+            raise ValueError(f"need n_features >= 1 and n_classes >= 2, "
+                             f"got {n_features} and {n_classes}")
+        if not l2 >= 0:
+            raise ValueError(f"l2 must be >= 0, got {l2!r}")
+        self.l2, self.device = float(l2), device
+        with tf.device(device):
+            self.w = tf.Variable(tf.zeros([n_features, n_classes]), name="w")
+            self.b = tf.Variable(tf.zeros([n_classes]), name="b")
+
+    def logits(self, x):
+        return tf.matmul(x, self.w) + self.b
+
+    def losses(self, x, y):
+        """Return (mean cross-entropy, the same plus the L2 penalty)."""
+        ce = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=self.logits(x)))
+        return ce, ce + self.l2 * tf.reduce_sum(tf.square(self.w))
+
+    def predict(self, x):
+        return tf.argmax(self.logits(x), axis=1, output_type=tf.int64)
+
+
+@dataclass
+class History:
+    """What `train` recorded: per epoch (loss and accuracy of each split) and per step."""
+
+    epoch: dict = field(default_factory=dict)  # "<split>_loss" / "<split>_acc" -> list per epoch
+    step_lr: list = field(default_factory=list)  # learning rate used at each step
+    step_loss: list = field(default_factory=list)  # regularised mini-batch loss at each step
+    log_dir: str | None = None
+
+    def final(self, key: str) -> float:
+        return self.epoch[key][-1]
+
+
+def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batch_size: int,
+          seed: int = 0, log_dir: Path | str | None = None, progress: bool = True) -> History:
+    """Train `model` with mini-batch SGD, theta <- theta - lr(step) * grad, and record it all.
+
+    Args:
+        model: a SoftmaxRegression (its variables stay on its device).
+        splits: {"train": (X, y), ...}; the model learns from "train", the others
+            (e.g. "dev", "test") are only evaluated after each epoch.
+        schedule: a callable step -> learning rate (a Keras LearningRateSchedule).
+        epochs: passes over the training set.
+        batch_size: examples per SGD step.
+        seed: seed of the per-epoch shuffles.
+        log_dir: write TensorBoard scalars there (per epoch, and the rate per step).
+        progress: show a tqdm bar over epochs.
+    Returns:
+        A History. A loss that overflows is recorded as inf/nan, not an error.
+    """
+    from tqdm.auto import tqdm
+
+    if "train" not in splits:
+        raise ValueError(f"splits needs a 'train' entry, got {sorted(splits)}")
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    with tf.device(model.device):
+        tensors = {s: (tf.constant(x, tf.float32), tf.constant(y, tf.int64))
+                   for s, (x, y) in splits.items()}
+    x_train, y_train = tensors["train"]
+    n = int(x_train.shape[0])
+    variables = (model.w, model.b)
+
+    @tf.function
+    def sgd_step(idx, step):
+        with tf.device(model.device):
+            lr = tf.cast(schedule(step), tf.float32)
+            xb, yb = tf.gather(x_train, idx), tf.gather(y_train, idx)
+            with tf.GradientTape() as tape:
+                _, loss = model.losses(xb, yb)
+            for var, grad in zip(variables, tape.gradient(loss, variables)):
+                var.assign_sub(lr * grad)
+        return loss, lr
+
+    @tf.function
+    def evaluate(x, y):
+        with tf.device(model.device):
+            _, loss = model.losses(x, y)
+            acc = tf.reduce_mean(tf.cast(tf.equal(model.predict(x), y), tf.float32))
+        return loss, acc
+
+    history = History(log_dir=str(log_dir) if log_dir is not None else None)
+    writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
+    rng = np.random.default_rng(seed)
+    step = 0
+    try:
+        for epoch in tqdm(range(epochs), desc="epochs", disable=not progress, leave=False):
+            order = rng.permutation(n)
+            for start in range(0, n, batch_size):
+                loss, lr = (float(v) for v in sgd_step(
+                    tf.constant(order[start:start + batch_size]), tf.constant(step, tf.int64)))
+                history.step_lr.append(lr)
+                history.step_loss.append(loss)
+                if writer is not None and step % 10 == 0:
+                    with writer.as_default():
+                        log_scalar("learning_rate", lr, step)
+                        log_scalar("batch_loss", loss, step)
+                step += 1
+            for split, (x, y) in tensors.items():
+                loss, acc = (float(v) for v in evaluate(x, y))
+                history.epoch.setdefault(f"{split}_loss", []).append(loss)
+                history.epoch.setdefault(f"{split}_acc", []).append(acc)
+                if writer is not None:
+                    with writer.as_default():
+                        log_scalar(f"{split}/loss", loss, epoch + 1)
+                        log_scalar(f"{split}/accuracy", acc, epoch + 1)
+    finally:
+        if writer is not None:
+            writer.close()
+    return history
+
+
+def metrics_table(y_true, y_pred, n_classes: int | None = None) -> dict:
+    """Accuracy and macro-averaged precision, recall and F1 (0 where a class is undefined)."""
+    y_true, y_pred = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
+    if y_true.shape != y_pred.shape or y_true.ndim != 1 or len(y_true) == 0:
+        raise ValueError(f"y_true and y_pred must be non-empty 1-D arrays of one length, "
+                         f"got shapes {y_true.shape} and {y_pred.shape}")
+    if n_classes is None:
+        n_classes = int(max(y_true.max(), y_pred.max())) + 1
+    confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
+    np.add.at(confusion, (y_true, y_pred), 1)
+    tp = np.diag(confusion).astype(float)
+    predicted, actual = confusion.sum(axis=0), confusion.sum(axis=1)
+    present = (predicted > 0) | (actual > 0)  # classes seen in y_true or y_pred, as sklearn
+    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+    recall = np.divide(tp, actual, out=np.zeros_like(tp), where=actual > 0)
+    denom = precision + recall
+    f1 = np.divide(2 * precision * recall, denom, out=np.zeros_like(tp), where=denom > 0)
+    return {
+        "accuracy": float(tp.sum() / len(y_true)),
+        "macro_precision": float(precision[present].mean()),
+        "macro_recall": float(recall[present].mean()),
+        "macro_f1": float(f1[present].mean()),
+    }
+
+
+def oscillation(losses) -> float:
+    """Fraction of consecutive steps where a loss curve went up (inf/nan count as up)."""
+    losses = np.asarray(losses, dtype=float)
+    if len(losses) < 2:
+        raise ValueError(f"need at least 2 losses, got {len(losses)}")
+    bad = ~np.isfinite(losses)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        ups = (np.diff(np.where(bad, np.inf, losses)) > 0) | bad[1:]
+    return float(ups.mean())

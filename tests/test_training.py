@@ -1,0 +1,119 @@
+"""Softmax regression, the SGD loop and the metrics table, against TF/Keras and scikit-learn."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
+from helpers import schedules, training
+
+
+def blobs(n=600, d=5, k=3, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 3, size=(k, d))
+    y = rng.integers(0, k, size=n)
+    return (centres[y] + rng.normal(size=(n, d))).astype(np.float32), y
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_metrics_table_matches_sklearn(seed):
+    rng = np.random.default_rng(seed)
+    y_true = rng.integers(0, 6, size=300)
+    y_pred = np.where(rng.random(300) < 0.6, y_true, rng.integers(0, 7, size=300))
+    if seed == 4:
+        y_pred[y_pred == 2] = 3  # a class never predicted: precision undefined there
+    ours = training.metrics_table(y_true, y_pred)
+    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, average="macro",
+                                                 zero_division=0)
+    assert ours["accuracy"] == pytest.approx(accuracy_score(y_true, y_pred))
+    assert ours["macro_precision"] == pytest.approx(p)
+    assert ours["macro_recall"] == pytest.approx(r)
+    assert ours["macro_f1"] == pytest.approx(f)
+
+
+def test_metrics_table_refuses_mismatched_inputs():
+    with pytest.raises(ValueError, match="same length|one length"):
+        training.metrics_table([0, 1, 2], [0, 1])
+
+
+def test_loss_is_keras_crossentropy_plus_l2_penalty():
+    x, y = blobs(50)
+    model = training.SoftmaxRegression(5, 3, l2=0.01)
+    model.w.assign(tf.random.normal([5, 3], seed=1))
+    model.b.assign([0.1, -0.2, 0.3])
+    ce, total = model.losses(tf.constant(x), tf.constant(y))
+    ref = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, x @ model.w + model.b)
+    assert float(ce) == pytest.approx(float(ref), rel=1e-5)
+    assert float(total) == pytest.approx(float(ref) + 0.01 * float(tf.reduce_sum(model.w ** 2)),
+                                         rel=1e-5)
+
+
+def test_one_sgd_step_equals_keras_sgd_step():
+    x, y = blobs(32)
+    ours = training.SoftmaxRegression(5, 3, l2=0.1)
+    training.train(ours, {"train": (x, y)}, schedules.Constant(0.05), epochs=1,
+                   batch_size=32, progress=False)
+    w, b = tf.Variable(tf.zeros([5, 3])), tf.Variable(tf.zeros([3]))
+    with tf.GradientTape() as tape:
+        logits = x @ w + b
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)) \
+            + 0.1 * tf.reduce_sum(w ** 2)
+    tf.keras.optimizers.SGD(0.05).apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+    np.testing.assert_allclose(ours.w.numpy(), w.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ours.b.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_train_learns_separable_blobs_and_records_history(tmp_path):
+    x, y = blobs()
+    model = training.SoftmaxRegression(5, 3, l2=1e-3)
+    hist = training.train(model, {"train": (x[:500], y[:500]), "dev": (x[500:], y[500:])},
+                          schedules.Exponential(0.5, 0.96, 10), epochs=4, batch_size=50,
+                          log_dir=tmp_path / "tb", progress=False)
+    assert len(hist.step_lr) == 4 * 10
+    assert hist.step_lr[0] == pytest.approx(0.5)
+    assert hist.step_lr[-1] == pytest.approx(0.5 * 0.96 ** (39 / 10), rel=1e-5)
+    assert set(hist.epoch) == {"train_loss", "train_acc", "dev_loss", "dev_acc"}
+    assert len(hist.epoch["dev_acc"]) == 4
+    assert hist.final("dev_acc") > 0.9
+    assert hist.epoch["train_loss"][-1] < hist.epoch["train_loss"][0]
+    logged = {}
+    for path in (tmp_path / "tb").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                assert value.metadata.plugin_data.plugin_name == "scalars"
+                logged.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor))))
+    assert [s for s, _ in logged["dev/accuracy"]] == [1, 2, 3, 4]
+    np.testing.assert_allclose([v for _, v in logged["dev/accuracy"]], hist.epoch["dev_acc"])
+    assert logged["learning_rate"][0] == (0, pytest.approx(0.5))
+
+
+def test_an_exploding_rate_is_recorded_not_raised():
+    x, y = blobs()
+    model = training.SoftmaxRegression(5, 3)
+    hist = training.train(model, {"train": (x * 100, y)}, schedules.Exponential(1.0, 10.0, 1),
+                          epochs=3, batch_size=100, progress=False)
+    assert not np.all(np.isfinite(hist.epoch["train_loss"])) or \
+        hist.epoch["train_loss"][-1] > hist.epoch["train_loss"][0]
+    assert training.oscillation(hist.step_loss) > 0.3
+
+
+def test_oscillation_counts_rises():
+    assert training.oscillation([3, 2, 1, 0.5]) == 0
+    assert training.oscillation([1, 2, 1, 2, 1]) == 0.5
+    assert training.oscillation([1, np.nan, np.inf]) == 1
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(epochs=0, batch_size=10), "epochs must be a positive integer, got 0"),
+    (dict(epochs=1, batch_size=0), "batch_size must be a positive integer, got 0"),
+])
+def test_train_refuses_bad_arguments(kwargs, message):
+    x, y = blobs(20)
+    with pytest.raises(ValueError, match=message):
+        training.train(training.SoftmaxRegression(5, 3), {"train": (x, y)},
+                       schedules.Constant(0.1), **kwargs)
+
+
+def test_model_refuses_negative_l2():
+    with pytest.raises(ValueError, match="l2 must be >= 0, got -1"):
+        training.SoftmaxRegression(5, 3, l2=-1)
