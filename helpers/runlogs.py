@@ -1,0 +1,203 @@
+"""Turn a cluster Run's event logs into the tables and curves notebooks 05 and 06 plot.
+
+Everything here reads what the cluster's processes wrote (runs/<run-id>/*.jsonl and the
+PS's checkpoints); nothing is simulated. `one_process` is the no-cluster baseline: the
+same model, data and SGD in this process.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _start_time(run) -> float:
+    """Wall time at which training started: the PS's 'joined' event (all workers warm)."""
+    ev = run.events
+    joined = ev[ev.kind == "joined"]
+    return float(joined.t.iloc[0] if len(joined) else ev.t.min())
+
+
+def steps(run) -> pd.DataFrame:
+    """Worker steps with `elapsed` seconds since training started."""
+    ev = run.events
+    st = ev[ev.kind == "step"].copy()
+    st["elapsed"] = st.t - _start_time(run)
+    st["worker"] = st.worker.astype(int)
+    return st.reset_index(drop=True)
+
+
+def updates(run) -> pd.DataFrame:
+    """PS updates with `elapsed` seconds and the mean training loss of recent worker steps."""
+    ev = run.events
+    up = ev[ev.kind == "update"].copy()
+    up["elapsed"] = up.t - _start_time(run)
+    return up.reset_index(drop=True)
+
+
+def staleness_values(run) -> np.ndarray:
+    """Staleness of every gradient applied by the PS (one value per gradient, not per update)."""
+    up = updates(run)
+    return np.array([s for row in up.staleness for s in row], dtype=int)
+
+
+def progress(run, grid: int = 200) -> pd.DataFrame:
+    """Steps completed by each worker on a common time grid (columns: workers)."""
+    st = steps(run)
+    t = np.linspace(0, st.elapsed.max(), grid)
+    cols = {}
+    for w, rows in st.groupby("worker"):
+        done = np.sort(rows.elapsed.to_numpy())
+        cols[f"worker {w}"] = np.searchsorted(done, t, side="right")
+    return pd.DataFrame(cols, index=pd.Index(t, name="elapsed_s"))
+
+
+def delay_between_workers(run, grid: int = 200) -> pd.Series:
+    """Steps between the fastest and the slowest worker over time."""
+    prog = progress(run, grid)
+    return (prog.max(axis=1) - prog.min(axis=1)).rename("delay_steps")
+
+
+def worker_times(run) -> pd.DataFrame:
+    """Seconds each worker spent computing, waiting for the PS and in injected delay."""
+    st = steps(run)
+    return st.groupby("worker")[["compute_s", "wait_s", "delay_s"]].sum()
+
+
+def resource_table(run) -> pd.DataFrame:
+    """Per process: mean CPU% (100 = one core), peak RSS (MB), tensor bytes sent/received.
+
+    Bytes count tensor payload: a pull is every float32 parameter, a push every float32
+    gradient plus a 32-byte header. gRPC framing and TF's own control traffic are not in it.
+    """
+    st = steps(run)
+    rows = {}
+    for name, res in run.resources.items():
+        row = {"cpu_percent": res["cpu_percent"], "peak_rss_mb": res["peak_rss_mb"]}
+        if str(name).startswith("worker:"):
+            mine = st[st.worker == int(str(name).split(":")[1])]
+            row["mb_sent"] = mine.bytes_pushed.sum() / 1e6
+            row["mb_received"] = mine.bytes_pulled.sum() / 1e6
+        else:  # the PS receives every push and sends every pull
+            row["mb_sent"] = st.bytes_pulled.sum() / 1e6
+            row["mb_received"] = st.bytes_pushed.sum() / 1e6
+        rows[name] = row
+    return pd.DataFrame(rows).T.astype(float)
+
+
+def eval_curve(run) -> pd.DataFrame:
+    """The evaluator process's test accuracy per checkpoint, against the checkpoint's time.
+
+    `elapsed` is when the PS wrote the checkpoint (seconds since training started), `lag_s`
+    how much later the evaluator got to it. Needs LocalCluster(evaluator=True).
+    """
+    ev = run.events
+    if "eval" not in set(ev.kind):
+        raise ValueError(f"run {run.config.run_id} has no evaluator events: start the cluster "
+                         "with LocalCluster(..., evaluator=True)")
+    ckpts = ev[ev.kind == "checkpoint"][["t", "version"]]
+    evals = ev[ev.kind == "eval"][["t", "version", "test_accuracy"]]
+    curve = evals.merge(ckpts, on="version", suffixes=("_eval", "_ckpt"))
+    curve["elapsed"] = curve.t_ckpt - _start_time(run)
+    curve["lag_s"] = curve.t_eval - curve.t_ckpt
+    curve["version"] = curve.version.astype(int)
+    curve = curve[curve.elapsed >= 0].sort_values("version")
+    return curve[["elapsed", "version", "test_accuracy", "lag_s"]].reset_index(drop=True)
+
+
+def test_curve(run) -> pd.DataFrame:
+    """Test accuracy and loss of every checkpoint the PS wrote, against elapsed seconds.
+
+    Needs a run trained with checkpoint_every > 0. The checkpoints are evaluated here, in
+    this process, on the run's own test set, after the run.
+    """
+    from helpers.cluster import models
+
+    cfg = run.config
+    ev = run.events
+    ckpts = ev[ev.kind == "checkpoint"]
+    if not len(ckpts):
+        raise ValueError(f"run {cfg.run_id} has no checkpoints: train with checkpoint_every > 0")
+    _, _, x_te, y_te = models.load_arrays(cfg.data, 1, cfg.test_size, cfg.seed)
+    classes = int(y_te.max()) + 1
+    model = models.build(cfg.model, x_te.shape[1:], classes, cfg.seed)
+    start, rows = _start_time(run), []
+    for t, version, file in zip(ckpts.t, ckpts.version, ckpts.file):
+        with np.load(Path(run.dir) / "ckpt" / file) as f:
+            for i, var in enumerate(model.trainable_variables):
+                var.assign(f[f"w{i}"])
+        logits = np.asarray(model(x_te, training=False), dtype=np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        rows.append({"elapsed": t - start, "version": int(version),
+                     "test_accuracy": float((logits.argmax(1) == y_te).mean()),
+                     "test_loss": float(-logp[np.arange(len(y_te)), y_te].mean())})
+    curve = pd.DataFrame(rows)
+    return curve[curve.elapsed >= 0].reset_index(drop=True)
+
+
+def time_to_accuracy(curve: pd.DataFrame, target: float) -> float:
+    """First elapsed second at which the test accuracy reaches `target` (inf if never)."""
+    hit = curve[curve.test_accuracy >= target]
+    return float(hit.elapsed.iloc[0]) if len(hit) else float("inf")
+
+
+def one_process(model: str = "logreg", data: str = "mnist", steps: int = 200,
+                batch_size: int = 64, lr: float = 0.1, train_size: int | None = 6000,
+                test_size: int | None = 2000, seed: int = 0, compress=None) -> dict:
+    """Train the same model on the same data with plain SGD in this process: the baseline.
+
+    Args:
+        compress: optional compressor from helpers.compression, applied to each gradient
+            before the update, as a worker would before pushing it.
+    Returns:
+        {"losses": per-step training loss, "elapsed": seconds at each step,
+         "test_accuracy": final accuracy, "steps_per_s": throughput,
+         "bytes_per_push": payload of one (compressed) gradient push}.
+    """
+    import keras
+    import tensorflow as tf
+
+    from helpers.cluster import models
+
+    x_tr, y_tr, x_te, y_te = models.load_arrays(data, train_size, test_size, seed)
+    net = models.build(model, x_tr.shape[1:], int(max(y_tr.max(), y_te.max())) + 1, seed)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    shapes = [tuple(v.shape) for v in net.trainable_variables]
+    if compress is None:
+        from helpers.compression import Float32
+
+        compress = Float32()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, net(x, training=True))
+        grads = compress(tape.gradient(loss, net.trainable_variables))
+        for var, g in zip(net.trainable_variables, grads):
+            var.assign_sub(lr * g)
+        return loss
+
+    rng = np.random.default_rng([seed, 0])
+    order, pos = rng.permutation(len(x_tr)), 0
+    initial = [v.numpy() for v in net.trainable_variables]
+    step(x_tr[:batch_size], y_tr[:batch_size])  # trace outside the clock, as the workers do
+    for var, value in zip(net.trainable_variables, initial):
+        var.assign(value)
+    for r in getattr(compress, "residual", None) or []:  # the tracing step's error feedback
+        r.assign(tf.zeros_like(r))
+    losses, elapsed = [], []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        if pos + batch_size > len(x_tr):
+            order, pos = rng.permutation(len(x_tr)), 0
+        idx = order[pos:pos + batch_size]
+        pos += batch_size
+        losses.append(float(step(x_tr[idx], y_tr[idx])))
+        elapsed.append(time.perf_counter() - t0)
+    return {"losses": np.array(losses), "elapsed": np.array(elapsed),
+            "test_accuracy": models.accuracy(net, x_te, y_te),
+            "steps_per_s": steps / elapsed[-1], "bytes_per_push": compress.bytes_for(shapes)}
