@@ -60,6 +60,8 @@ def test_async_downpour_trains_and_records_staleness(cluster):
         assert (rows.bytes_pulled > 0).tolist() == rows.fetched.tolist()
     summary = run.summary()
     assert summary["ps_updates"] == STEPS and summary["staleness_max"] >= 0
+    if cluster.isolated:  # the wire carries at least the tensor payload counted by the nodes
+        assert summary["loopback_bytes"] >= summary["bytes_pushed"] + summary["bytes_pulled"]
     assert set(summary["resources"]) >= {"ps:0", "worker:0"}
 
 
@@ -114,6 +116,16 @@ def test_backup_drop_discards_late_gradients(cluster):
     drops = run.events[run.events.kind == "drop"]
     assert len(drops) > 0 and (drops.staleness >= 1).all()
     assert run.summary()["dropped"] == len(drops)
+
+
+def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster):
+    spec = {2: {"dist": "exponential", "mean": 0.005}}
+    runs = [cluster.train(mode="sync", stragglers=spec, **dict(COMMON, steps=20, progress=True))
+            for _ in range(2)]
+    delays = [steps_of(r).query("worker == 2").sort_values("step").delay_s.tolist()
+              for r in runs]
+    assert delays[0] == delays[1] and len(delays[0]) == 20 and min(delays[0]) > 0
+    assert steps_of(runs[0]).query("worker == 0").delay_s.eq(0).all()
 
 
 def test_isolated_cluster_listens_on_no_host_port(cluster):
@@ -282,3 +294,80 @@ def test_no_survivors_when_the_launcher_is_sigkilled(shared_data):
         parent.wait()
         parent.stdin.close()
         parent.stdout.close()
+
+
+def _can_make_namespaces() -> str | None:
+    """None when unprivileged user + network namespaces work here, else the reason."""
+    import shutil
+
+    if not sys.platform.startswith("linux"):
+        return "network namespaces exist on Linux only"
+    missing = [t for t in ("unshare", "nsenter", "ip") if shutil.which(t) is None]
+    if missing:
+        return f"missing tools: {missing}"
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "ip", "link", "set",
+                            "lo", "up"], capture_output=True, text=True, timeout=30)
+    if probe.returncode:
+        return f"unprivileged user namespaces are not permitted: {probe.stderr.strip()}"
+    return None
+
+
+def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_data):
+    """Two network namespaces stand in for two machines; the nodes run standalone."""
+    reason = _can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    procs = []
+
+    def spawn(cmd, **kw):
+        p = subprocess.Popen(cmd, start_new_session=True, **kw)
+        procs.append(p)
+        return p
+
+    def enter(pid):
+        return ["nsenter", f"--target={pid}", "--user", "--net", "--preserve-credentials"]
+
+    holder = "ip link set lo up && echo ready && exec cat"
+    try:
+        host_a = spawn(["unshare", "--user", "--map-root-user", "--net", "sh", "-c", holder],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert host_a.stdout.readline().strip() == b"ready"
+        host_b = spawn(enter(host_a.pid) + ["unshare", "--net", "sh", "-c", holder],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert host_b.stdout.readline().strip() == b"ready"
+        subprocess.run(enter(host_a.pid) + ["sh", "-c", f"ip link add va type veth peer name vb "
+                       f"&& ip link set vb netns {host_b.pid} && ip addr add 10.9.0.1/24 dev va "
+                       f"&& ip link set va up"], check=True, timeout=30)
+        subprocess.run(enter(host_b.pid) + ["sh", "-c", "ip addr add 10.9.0.2/24 dev vb && "
+                       "ip link set vb up"], check=True, timeout=30)
+        (tmp_path / "cluster.json").write_text(json.dumps(
+            {"ps": ["10.9.0.1:2222"], "worker": ["10.9.0.2:2222"]}))
+        cfg = protocol.validate(protocol.RunConfig(workers=1, mode="sync", steps=60, lr=0.5,
+                                                   run_id="veth", train_size=3000))
+        (tmp_path / "run.json").write_text(json.dumps(cfg.to_dict()))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        nodes = []
+        for host, job in ((host_a, "ps"), (host_b, "worker")):
+            log = open(tmp_path / f"{job}.log", "wb")
+            nodes.append(spawn(enter(host.pid) + [
+                sys.executable, "-m", "helpers.cluster.node", "--cluster",
+                str(tmp_path / "cluster.json"), "--job", job, "--task", "0",
+                "--run", str(tmp_path / "run.json")], stdout=subprocess.PIPE, stderr=log, env=env))
+            log.close()
+        outputs = [n.communicate(timeout=150)[0] for n in nodes]
+        tails = [log_tail(tmp_path / f"{j}.log") for j in ("ps", "worker")]
+        assert [n.returncode for n in nodes] == [0, 0], tails
+        assert json.loads(outputs[0].splitlines()[-1])["test_accuracy"] > MIN_ACCURACY
+        assert json.loads(outputs[1].splitlines()[-1])["steps"] >= 60
+        from helpers.cluster.events import read_events
+
+        ev = read_events(tmp_path)
+        assert (ev.kind == "update").sum() == 60
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            for f in (p.stdin, p.stdout):
+                if f:
+                    f.close()

@@ -343,6 +343,7 @@ class LocalCluster:
         from helpers.resources import ResourceMonitor
 
         waiting = {name for name, p in self.procs.items() if p.died() is None}
+        lo_before = self.loopback_bytes()
         ps_error = None
         sizes: dict[Path, int] = {}
         last_progress = time.monotonic()
@@ -384,11 +385,28 @@ class LocalCluster:
                 if bar:
                     bar.close()
         wall = time.perf_counter() - t0
+        lo_after = self.loopback_bytes()
         if ps_error is not None:
             raise ClusterError(f"run {cfg.run_id} failed: {ps_error}")
         names = {pid: name for name, pid in self.pids.items()}
         resources = {names.get(pid, pid): v for pid, v in monitor.summary().items()}
-        return Run(cfg, run_dir, results, wall, resources, sorted(self.dead_workers))
+        run = Run(cfg, run_dir, results, wall, resources, sorted(self.dead_workers))
+        if lo_before is not None and lo_after is not None:
+            run.loopback_bytes = lo_after - lo_before
+        return run
+
+    def loopback_bytes(self) -> int | None:
+        """Bytes sent over the private namespace's loopback so far (None when not isolated)."""
+        if self.holder is None:
+            return None
+        try:
+            for line in Path(f"/proc/{self.holder.pid}/net/dev").read_text().splitlines():
+                name, _, fields = line.partition(":")
+                if name.strip() == "lo":
+                    return int(fields.split()[8])  # transmitted bytes
+        except OSError:
+            return None
+        return None
 
 
 def _is_stopped(pid: int) -> bool:
@@ -437,6 +455,7 @@ class Run:
     def __init__(self, cfg, run_dir, results, wall_s, resources, dead_workers):
         self.config, self.dir, self.results = cfg, Path(run_dir), results
         self.wall_s, self.resources, self.dead_workers = wall_s, resources, dead_workers
+        self.loopback_bytes = None  # all traffic of the run, when the cluster is isolated
         self._events = None
 
     @property
@@ -472,6 +491,7 @@ class Run:
             "test_accuracy": self.test_accuracy,
             "bytes_pushed": int(steps.bytes_pushed.sum()),
             "bytes_pulled": int(steps.bytes_pulled.sum()),
+            "loopback_bytes": self.loopback_bytes,
             "dead_workers": self.dead_workers,
             "resources": self.resources,
         }

@@ -10,16 +10,17 @@ def load_arrays(data: str, train_size: int | None, test_size: int | None, seed: 
         from helpers.data import load_mnist
 
         (x_tr, y_tr), (x_te, y_te) = load_mnist()
-        x_tr = x_tr.astype(np.float32) / 255.0
-        x_te = x_te.astype(np.float32) / 255.0
+        scale = 1 / 255.0
     else:
         with np.load(data) as f:
             x_tr, y_tr, x_te, y_te = (f[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-        x_tr, x_te = x_tr.astype(np.float32), x_te.astype(np.float32)
+        scale = 1.0
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x_tr))[: train_size or len(x_tr)]
-    return (x_tr[order], y_tr[order].astype(np.int32),
-            x_te[: test_size or len(x_te)], y_te[: test_size or len(y_te)].astype(np.int32))
+    x_te, y_te = x_te[: test_size or len(x_te)], y_te[: test_size or len(y_te)]
+    # subset before converting: a float32 copy of all of MNIST would cost ~190 MB per process
+    return (x_tr[order].astype(np.float32) * np.float32(scale), y_tr[order].astype(np.int32),
+            x_te.astype(np.float32) * np.float32(scale), y_te.astype(np.int32))
 
 
 def shard(x, y, index: int, count: int):

@@ -52,8 +52,14 @@ class Node:
             tf.config.threading.set_inter_op_parallelism_threads(64)
             tf.config.experimental_connect_to_cluster(spec, job_name="ps", task_index=0)
             int(tf.constant(1) + 1)  # the context, and with it the server, starts lazily
-        else:
-            # workers list only the PS: listing other workers deadlocks (see the facts note)
+        elif task < len(cluster.get(job, [])):
+            # a worker lists only the PS and itself (listing all workers deadlocks, see the
+            # facts note); its own address must be one the PS can reach to fetch tensors
+            own = tf.train.ClusterSpec({"ps": [self.ps_addr], job: {task: cluster[job][task]}})
+            tf.config.experimental_connect_to_cluster(own, job_name=job, task_index=task)
+            with tf.device(self.ps):
+                int(tf.constant(1) + 1)  # blocks until the PS answers
+        else:  # on one machine: a client server on a random localhost port is enough
             tf.config.experimental_connect_to_cluster(spec)
             with tf.device(self.ps):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
@@ -137,6 +143,7 @@ class PSLoop:
         self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
         self.version = 0
         self.last_ckpt = None
+        self._build_apply()
 
     # ----------------------------------------------------------- helpers
     def _init_vars(self):
@@ -163,18 +170,34 @@ class PSLoop:
         raw.QueueEnqueueV2(handle=self.res["tokens"][worker],
                            components=[tf.constant([a, b], tf.int64)])
 
+    def _build_apply(self):
+        """Compile the SGD(+momentum) update and the weighted sum of several pushes."""
+        tf, raw, res, velocity = self.tf, self.tf.raw_ops, self.res, self.velocity
+        momentum = float(self.cfg.momentum)
+
+        @tf.function
+        def apply(grads, lr):
+            for h, g, vel in zip(res["vars"], grads, velocity):
+                if momentum:
+                    vel.assign(momentum * vel + g)
+                    g = vel.read_value()
+                raw.AssignSubVariableOp(resource=h, value=lr * g)
+            raw.AssignAddVariableOp(resource=res["version"], value=tf.constant(1, tf.int64))
+
+        @tf.function
+        def combine(grads_list, weights):
+            return [tf.add_n([weights[j] * grads[i] for j, grads in enumerate(grads_list)])
+                    for i in range(len(grads_list[0]))]
+
+        self.apply_fn, self.combine_fn = apply, combine
+
     def _apply(self, grads_list, weights):
-        tf, raw = self.tf, self.tf.raw_ops
+        tf = self.tf
         lr = self.protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
-        for i, h in enumerate(self.res["vars"]):
-            g = sum(w * grads[i] for w, grads in zip(weights, grads_list))
-            if self.cfg.momentum:
-                self.velocity[i].assign(self.cfg.momentum * self.velocity[i] + g)
-                g = self.velocity[i]
-            raw.AssignSubVariableOp(resource=h, value=lr * g)
+        grads = grads_list[0] if weights == [1.0] else self.combine_fn(
+            grads_list, tf.constant(weights, tf.float32))
+        self.apply_fn(list(grads), tf.constant(lr, tf.float32))
         self.version += 1
-        raw.AssignVariableOp(resource=self.res["version"],
-                             value=tf.constant(self.version, tf.int64))
         return lr
 
     def _checkpoint(self):
@@ -460,7 +483,7 @@ class WorkerLoop:
                                        components=[meta] + [a / n_push for a in self.acc])
                 for a in self.acc:
                     a.assign(tf.zeros_like(a))
-            return loss
+            return loss, self.version_read.read_value()
 
         self.step = step
 
@@ -527,12 +550,13 @@ class WorkerLoop:
                 fetch = self.downpour.fetch(step)
                 push = self.downpour.accumulate()
                 t = time.perf_counter()
-                loss = float(self.step(self.x[idx], self.y[idx], tf.constant(step, tf.int64),
-                                       fetch, push))
+                loss, version_read = self.step(self.x[idx], self.y[idx],
+                                               tf.constant(step, tf.int64), fetch, push)
+                loss, version_read = float(loss), int(version_read)
                 compute_s = time.perf_counter() - t
                 delay = self._delay(compute_s)
                 self.log.write("step", worker=self.node.task, step=step,
-                               version_read=int(self.version_read.numpy()), fetched=fetch,
+                               version_read=version_read, fetched=fetch,
                                pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
                                delay_s=delay, bytes_pulled=self.bytes if fetch else 0,
                                bytes_pushed=self.bytes + 32 if push else 0,

@@ -1,0 +1,130 @@
+"""Benchmark the localhost PS cluster: throughput per mode, start-up, memory, bytes, time to accuracy.
+
+Prints markdown tables and writes runs/bench/cluster_bench.json. All ratios are measured in
+this one run, on this machine. Usage: python bench/cluster_bench.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
+
+from helpers import config  # noqa: E402
+from helpers.cluster import LocalCluster, models  # noqa: E402
+
+TARGET_ACCURACY = 0.85
+
+
+def one_process(model_name: str, steps: int, batch: int = 64, lr: float = 0.1) -> float:
+    """Steps/s of plain SGD in this process, no cluster: the baseline."""
+    import keras
+    import tensorflow as tf
+
+    x, y, _, _ = models.load_arrays("mnist", 6000, 100, 0)
+    model = models.build(model_name, x.shape[1:], 10, 0)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables)):
+            v.assign_sub(lr * g)
+        return loss
+
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, len(x), batch) for _ in range(steps)]
+    step(x[batches[0]], y[batches[0]])  # trace
+    t0 = time.perf_counter()
+    for idx in batches:
+        step(x[idx], y[idx])
+    return steps / (time.perf_counter() - t0)
+
+
+def time_to_target(run) -> float:
+    """Seconds from the run's start until a checkpoint reached TARGET_ACCURACY (nan if never)."""
+    ev = run.events
+    start = ev[ev.kind == "joined"].t.iloc[-1]
+    ckpt_t = dict(zip(ev[ev.kind == "checkpoint"].version, ev[ev.kind == "checkpoint"].t))
+    hits = ev[(ev.kind == "eval") & (ev.test_accuracy >= TARGET_ACCURACY)]
+    return float(ckpt_t[hits.version.min()] - start) if len(hits) else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    args = p.parse_args()
+    n_log, n_lenet = (150, 40) if args.quick else (600, 150)
+    common = dict(batch_size=64, train_size=6000, test_size=2000, progress=False, seed=0)
+    rows, out = [], {"machine_cores": os.cpu_count()}
+    base = {"logreg": one_process("logreg", n_log), "lenet": one_process("lenet", n_lenet)}
+    out["one_process_steps_per_s"] = base
+    rows.append(("one process", "-", "logreg", f"{base['logreg']:.0f}", "1.00", "", "", ""))
+    rows.append(("one process", "-", "lenet", f"{base['lenet']:.0f}", "1.00", "", "", ""))
+    out["runs"], out["startup_s"] = [], {}
+    plans = {1: [("async", {})],
+             2: [("async", {}), ("sync", {}), ("ssp", {"staleness": 2}), ("backup", {"k": 1})],
+             4: [("async", {}), ("sync", {}), ("ssp", {"staleness": 2}), ("backup", {"k": 3})]}
+    for n, plan in plans.items():
+        with LocalCluster(workers=n, isolate="auto") as c:
+            out["startup_s"][n] = c.startup_s
+            for model, steps, lr in (("logreg", n_log, 0.5), ("lenet", n_lenet, 0.05)):
+                for mode, kw in (plan if model == "logreg" else plan[:1]):
+                    s = c.train(mode=mode, model=model, steps=steps, lr=lr, **kw, **common).summary()
+                    # gradient throughput: worker steps/s (sync: global steps/s x N)
+                    rate = s["steps_per_s"]
+                    rss = max(r["peak_rss_mb"] for r in s["resources"].values())
+                    per_step = (s["bytes_pushed"] + s["bytes_pulled"]) / max(1, s["worker_steps"])
+                    out["runs"].append(dict(s, model=model, steps=steps, peak_rss_mb=rss,
+                                            bytes_per_step=per_step))
+                    rows.append((mode + (f"(s={kw['staleness']})" if "staleness" in kw else "")
+                                 + (f"(k={kw['k']})" if "k" in kw else ""), n, model,
+                                 f"{rate:.0f}", f"{rate / base[model]:.2f}",
+                                 f"{s['staleness_mean']:.2f}", f"{rss:.0f}", f"{per_step:.0f}"))
+    # time to target accuracy: backup 2-of-3 vs sync, worker 2 three times slower
+    with LocalCluster(workers=3, isolate="auto", evaluator=True) as c:
+        tt = {}
+        for mode, kw in (("sync", {}), ("backup", {"k": 2, "stale": "drop"})):
+            run = c.train(mode=mode, steps=300 if not args.quick else 150, lr=0.5,
+                          stragglers={2: 3.0}, checkpoint_every=10, **kw, **common)
+            tt[mode] = time_to_target(run)
+        out["time_to_target_s"] = tt
+    print("\n| mode | workers | model | worker steps/s | / one process | mean staleness "
+          "| peak RSS MB | bytes/step |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print("| " + " | ".join(str(v) for v in r) + " |")
+
+    def rate(n, mode, model="logreg"):
+        return next(r["steps_per_s"] for r in out["runs"]
+                    if r["workers"] == n and r["mode"] == mode and r["model"] == model)
+
+    targets = [
+        ("1-worker async / one process, logreg", rate(1, "async") / base["logreg"], ">= 0.45"),
+        ("1-worker async / one process, LeNet", rate(1, "async", "lenet") / base["lenet"],
+         ">= 0.65"),
+        ("sync gradient throughput / async, 2 workers", rate(2, "sync") / rate(2, "async"),
+         ">= 0.6"),
+        ("1 PS + 4 workers ready (s)", out["startup_s"][4], "<= 15"),
+        (f"time to {TARGET_ACCURACY:.0%}: backup 2-of-3 / sync, one worker 3x slower",
+         tt["backup"] / tt["sync"], "<= 0.7"),
+        ("peak RSS per process (MB)", max(r["peak_rss_mb"] for r in out["runs"]), "<= 800"),
+    ]
+    out["targets"] = {name: {"value": value, "target": goal} for name, value, goal in targets}
+    print("\n| figure | measured | target |\n| --- | --- | --- |")
+    for name, value, goal in targets:
+        print(f"| {name} | {value:.2f} | {goal} |")
+    print(f"\ntime to target (s): {json.dumps({k: round(v, 1) for k, v in tt.items()})}")
+    path = config.runs_dir("bench") / "cluster_bench.json"
+    path.write_text(json.dumps(out, indent=1, default=str))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
