@@ -20,8 +20,8 @@ KINDS = ("mwms", "ps", "server")
 MODELS = ("logreg", "lenet")
 
 
-def validate(job: dict) -> dict:
-    """Check a job before any TensorFlow import; raise ValueError naming the bad value."""
+def validate(job: dict, workers: int = 1) -> dict:
+    """Check a job for `workers` replicas before any TF import; raise ValueError if it is bad."""
     if job.get("kind") not in KINDS:
         raise ValueError(f"job kind must be one of {KINDS}, got {job.get('kind')!r}")
     if job["kind"] == "server":
@@ -37,6 +37,9 @@ def validate(job: dict) -> dict:
         for key, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+        if job["kind"] == "mwms" and sizes["batch_size"] % workers:
+            raise ValueError(f"global batch_size {sizes['batch_size']} must be divisible by the "
+                             f"{workers} workers: use a multiple of {workers}")
     if not job.get("lr", 0) > 0:
         raise ValueError(f"lr must be > 0, got {job.get('lr')!r}")
     return job
@@ -144,11 +147,12 @@ def run_ps(job: dict) -> dict:
 
     from helpers.cluster.models import build
 
+    import psutil
+
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    t0 = time.perf_counter()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    ready_s = time.perf_counter() - t0
+    ready_s = time.time() - psutil.Process().create_time()  # from process start, as for MWMS
     batch, lr, path = job["batch_size"], job["lr"], job["data_file"]
 
     def dataset_fn():  # traced here, run on each worker: it reads the file there

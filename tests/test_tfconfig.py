@@ -80,3 +80,10 @@ def test_two_mwms_workers_stay_identical_and_learn(shared_data, monkeypatch):
     assert runs[0]["bytes_sent"] == strategies.ring_bytes(7850 * 4, 2) * 16 * 2
     assert set(resources) == {"worker:0", "worker:1"}
     assert json.dumps(results)  # plain JSON all the way
+
+
+def test_batch_must_split_evenly_over_the_workers():
+    job = {"kind": "mwms", "model": "lenet", "train_size": 100, "test_size": 10, "lr": 0.1,
+           "runs": [{"batch_size": 128}]}
+    with pytest.raises(ValueError, match="batch_size 128 must be divisible by the 3 workers"):
+        tfconfig.TFConfigCluster({"worker": 3}, job)

@@ -12,6 +12,7 @@ import os
 import queue
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from helpers import config
@@ -19,6 +20,7 @@ from helpers.cluster.launcher import _Proc, free_ports, log_tail
 
 ROLES = ("chief", "worker", "ps")
 _COUNTER = itertools.count()
+_WARNED = False
 
 
 class TFConfigError(RuntimeError):
@@ -92,6 +94,12 @@ class TFConfigCluster:
 
     def start(self) -> "TFConfigCluster":
         """Start one process per task (returns at once; the tasks find each other)."""
+        global _WARNED
+        if not _WARNED:
+            warnings.warn("TF_CONFIG clusters are not isolated: TensorFlow's gRPC servers listen "
+                          "on ALL network interfaces without authentication while the job runs "
+                          "(see notebook 07).", RuntimeWarning, stacklevel=2)
+            _WARNED = True
         self.dir = config.runs_dir("tfconfig", self.name)
         files = {}
         for kind, job in (("job", self.job), ("server", {"kind": "server"})):
