@@ -27,9 +27,12 @@ COMMON = dict(steps=STEPS, batch_size=64, lr=0.5, train_size=6000, test_size=200
               progress=False, seed=0)
 
 
+THREE = dict(workers=3, worker_ids=[0, 1, 2])  # the mode tests; worker 3 is spare for faults
+
+
 @pytest.fixture(scope="module")
 def cluster(shared_data):
-    with LocalCluster(workers=3, isolate="auto") as c:
+    with LocalCluster(workers=4, isolate="auto") as c:
         yield c
 
 
@@ -46,7 +49,7 @@ def steps_of(run):
 def test_async_downpour_trains_and_records_staleness(cluster):
     # async has no bound on staleness: on a busy machine one worker can be starved and push
     # a gradient 100+ versions old at the very end, so use a smaller lr and a lower bar
-    run = cluster.train(mode="async", n_fetch=2, n_push=2, **dict(COMMON, lr=0.2))
+    run = cluster.train(mode="async", n_fetch=2, n_push=2, **THREE, **dict(COMMON, lr=0.2))
     assert run.test_accuracy > 0.7
     up, st = updates(run), steps_of(run)
     assert len(up) == STEPS and up.version.tolist() == list(range(1, STEPS + 1))
@@ -66,7 +69,7 @@ def test_async_downpour_trains_and_records_staleness(cluster):
 
 
 def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster):
-    run = cluster.train(mode="sync", **COMMON)
+    run = cluster.train(mode="sync", **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
     up = updates(run)
     assert len(up) == STEPS
@@ -80,7 +83,7 @@ def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster):
 
 def test_ssp_gap_never_exceeds_staleness(cluster):
     s = 1
-    run = cluster.train(mode="ssp", staleness=s, stragglers={2: 3.0}, **COMMON)
+    run = cluster.train(mode="ssp", staleness=s, stragglers={2: 3.0}, **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
     st = steps_of(run)
     assert st.gap.max() <= s
@@ -90,7 +93,7 @@ def test_ssp_gap_never_exceeds_staleness(cluster):
 
 def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster):
     k, decay = 2, 0.5
-    run = cluster.train(mode="backup", k=k, stale="fold", decay=decay, stragglers={2: 3.0},
+    run = cluster.train(mode="backup", k=k, stale="fold", decay=decay, stragglers={2: 3.0}, **THREE,
                         **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
     folded = 0
@@ -109,7 +112,8 @@ def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster):
 
 
 def test_backup_drop_discards_late_gradients(cluster):
-    run = cluster.train(mode="backup", k=2, stale="drop", stragglers={2: 3.0}, **COMMON)
+    run = cluster.train(mode="backup", k=2, stale="drop", stragglers={2: 3.0}, **THREE,
+                        **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
     for _, row in updates(run).iterrows():
         assert row.fresh == [True, True] and row.versions == [row.version - 1] * 2
@@ -120,7 +124,8 @@ def test_backup_drop_discards_late_gradients(cluster):
 
 def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster):
     spec = {2: {"dist": "exponential", "mean": 0.005}}
-    runs = [cluster.train(mode="sync", stragglers=spec, **dict(COMMON, steps=20, progress=True))
+    runs = [cluster.train(mode="sync", stragglers=spec, **THREE,
+                          **dict(COMMON, steps=20, progress=True))
             for _ in range(2)]
     delays = [steps_of(r).query("worker == 2").sort_values("step").delay_s.tolist()
               for r in runs]
@@ -161,16 +166,20 @@ def test_not_permitted_isolation_warns_once_or_raises(monkeypatch):
         LocalCluster(1, isolate=True)._enter_namespace()
 
 
-def test_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
-    run = cluster.train(mode="ssp", staleness=1, faults={2: {"kind": "kill", "at": 20}},
+def test_async_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
+    run = cluster.train(mode="ssp", staleness=1, faults={3: {"kind": "kill", "at": 20}},
                         **COMMON)
-    assert run.dead_workers == [2]
+    assert run.dead_workers == [3]
     assert len(updates(run)) == STEPS and run.test_accuracy > MIN_ACCURACY
     st = steps_of(run)
-    assert st[st.worker == 2].step.max() < 20 and st.gap.max() <= 1
+    assert st[st.worker == 3].step.max() < 20 and st.gap.max() <= 1
+    run = cluster.train(mode="async", workers=3, worker_ids=[0, 1, 2],
+                        faults={2: {"kind": "kill", "at": 20}}, **dict(COMMON, lr=0.2))
+    assert run.dead_workers == [2, 3] and len(updates(run)) == STEPS
+    assert (updates(run).workers.apply(lambda ws: ws[0]) != 2).sum() > STEPS // 2
     run = cluster.train(mode="backup", k=1, workers=2, worker_ids=[0, 1],
                         faults={1: {"kind": "kill", "at": 20}}, **COMMON)
-    assert sorted(run.dead_workers) == [1, 2] and len(updates(run)) == STEPS
+    assert run.dead_workers == [1, 2, 3] and len(updates(run)) == STEPS
 
 
 def test_bad_config_raises_before_anything_starts():
