@@ -50,7 +50,7 @@ def train(model, optimizer, loss_fn, train_data, test_data, epochs: int,
     x, y = (tf.constant(a) for a in train_data)
 
     @tf.function(reduce_retracing=True)
-    def step(idx):
+    def step(x, y, idx):  # data passed in, not captured: a captured tensor lives as long as the graph
         xb, yb = tf.gather(x, idx), tf.gather(y, idx)
         with tf.GradientTape() as tape:
             loss = loss_fn(yb, model(xb, training=True))
@@ -62,7 +62,7 @@ def train(model, optimizer, loss_fn, train_data, test_data, epochs: int,
     diverged, t0 = False, time.perf_counter()
     for epoch in range(epochs):
         size = batch_size_at(batch_size, epoch)
-        losses = [step(tf.constant(b, tf.int32))
+        losses = [step(x, y, tf.constant(b, tf.int32))
                   for b in epoch_batches(len(train_data[0]), size, overlap, seed + epoch)]
         losses = [float(v) for v in losses]
         hist["step_loss"] += losses
