@@ -247,7 +247,7 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
 
 @pytest.fixture(scope="module")
 def small_cluster(shared_data):
-    with LocalCluster(workers=2, isolate="auto", stall_timeout=8) as c:
+    with LocalCluster(workers=2, isolate="auto", stall_timeout=10) as c:
         yield c
 
 
@@ -261,7 +261,7 @@ def test_lost_workers_give_clear_errors_in_sync_and_backup(small_cluster):
 
 def test_hung_ps_trips_the_stall_watchdog(small_cluster):
     t0 = time.monotonic()
-    with pytest.raises(ClusterError, match=r"no progress for 8 s.*ps:0") as err:
+    with pytest.raises(ClusterError, match=r"no progress for 10 s.*ps:0") as err:
         small_cluster.train(mode="async", faults={"ps": {"kind": "hang", "at": 20}}, **COMMON)
     assert "last lines of" in str(err.value)
     assert time.monotonic() - t0 < 60

@@ -322,8 +322,8 @@ class LocalCluster:
             raise ClusterError("the cluster is not running: use `with LocalCluster(...) as c:` "
                                "or call start() (a failed run stops the cluster)")
         live = [w for w in range(self.workers) if w not in self.dead_workers]
-        kwargs.setdefault("workers", len(live))
-        kwargs.setdefault("worker_ids", live)
+        kwargs.setdefault("worker_ids", live[: kwargs.get("workers", len(live))])
+        kwargs.setdefault("workers", len(kwargs["worker_ids"]))
         kwargs["evaluator"] = self.evaluator and self.procs["evaluator:0"].died() is None
         if not kwargs.get("run_id"):
             kwargs["run_id"] = f"{self.name}-run{next(_COUNTER)}"
@@ -345,7 +345,7 @@ class LocalCluster:
 
         waiting = {name for name, p in self.procs.items() if p.died() is None}
         lo_before = self.loopback_bytes()
-        ps_error = None
+        ps_error, joined = None, False
         sizes: dict[Path, int] = {}
         last_progress = time.monotonic()
         bar = _Progress(cfg, run_dir) if progress else None
@@ -367,6 +367,13 @@ class LocalCluster:
                         ps_error = msg["error"]
                         waiting.discard(name)
                     elif msg.get("event") == "error":
+                        # a worker may see the PS's sockets close before the PS is reapable:
+                        # give a dying PS a moment, so that the error names the real culprit
+                        try:
+                            self.procs["ps:0"].popen.wait(timeout=3)
+                        except subprocess.TimeoutExpired:
+                            pass
+                        self._check_deaths(cfg.mode, tolerate_workers=True)
                         self._fail(f"{name} failed during run {cfg.run_id}: {msg['error']}", name)
                     if msg.get("event") == "done":
                         waiting.discard(name)
@@ -376,10 +383,16 @@ class LocalCluster:
                         sizes, last_progress = now_sizes, time.monotonic()
                         if bar:
                             bar.update()
-                    elif time.monotonic() - last_progress > self.stall_timeout:
+                        if not joined:  # tracing the step functions may take long on a busy
+                            ps_log = run_dir / "ps-0.jsonl"  # machine: start_timeout applies
+                            joined = ps_log.exists() and '"joined"' in ps_log.read_text()
+                    elif time.monotonic() - last_progress > (
+                            self.stall_timeout if joined else self.start_timeout):
                         stopped = [n for n, p in self.procs.items() if _is_stopped(p.pid)]
                         culprit = stopped[0] if stopped else "ps:0"
-                        self._fail(f"no progress for {self.stall_timeout:.0f} s (stall_timeout) "
+                        limit = self.stall_timeout if joined else self.start_timeout
+                        which = "stall_timeout" if joined else "start_timeout: workers never joined"
+                        self._fail(f"no progress for {limit:.0f} s ({which}) "
                                    f"in run {cfg.run_id}; hung or stopped processes: "
                                    f"{stopped or 'none found'}", culprit)
             finally:

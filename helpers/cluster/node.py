@@ -261,8 +261,10 @@ class PSLoop:
         self.waiting = still
 
     def _ssp_grants(self):
-        live = [self.clock[w] for w in self.alive if w not in self.finished]
-        for w in sorted(self.alive):
+        with self.lock:  # the watcher thread may remove a dead worker meanwhile
+            alive = sorted(self.alive - self.finished)
+        live = [self.clock[w] for w in alive]
+        for w in alive:
             more = self.protocol.ssp_grants(self.granted[w], live, self.cfg.staleness)
             for _ in range(more):
                 self._token(w, self.granted[w], min(live) if live else 0)
@@ -288,11 +290,15 @@ class PSLoop:
         for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
             self._token(w, self.version, 0)
         self._wait_all("join", set())
-        self.log.write("joined", workers=sorted(self.alive))
+        with self.lock:
+            joined = sorted(self.alive)
+        self.log.write("joined", workers=joined)
         if mode == "ssp":
             self._ssp_grants()
         else:
-            for w in sorted(self.alive):
+            with self.lock:
+                alive = sorted(self.alive)
+            for w in alive:
                 self._token(w, self.version, 0)
         try:
             self._loop(agg, pushes, types)
@@ -352,7 +358,8 @@ class PSLoop:
 
     def _on_dead(self, worker, agg):
         cfg = self.cfg
-        live = sorted(self.alive - self.finished)
+        with self.lock:
+            live = sorted(self.alive - self.finished)
         if cfg.mode == "sync":
             raise RuntimeError(f"worker {worker} died: sync (BSP) training cannot finish without "
                                f"all {cfg.workers} workers; use mode='backup' with k < "
