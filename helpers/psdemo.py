@@ -1,8 +1,8 @@
 """A printable parameter-server demo: one tf.distribute.Server and two client processes.
 
 `run_demo()` starts a driver process (inside a private network namespace when the OS
-allows it); the driver starts the PS and then two clients, one after the other, and
-every process reports what it saw as JSON lines. The clients' code is `client()` below,
+allows it); the driver starts the PS and two clients, lets client A work and then
+client B, and every process reports what it saw as JSON lines. The clients' code is `client()` below,
 short enough to print in a notebook. Every process is ended by PID, even on errors.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from helpers.cluster.node import die_with_parent
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
 MAILBOX = "demo/mailbox"  # shared_name of a PS queue of messages
-TURN = "demo/turn"  # shared_name of a PS queue that makes client B wait for client A
 
 
 def serve(port: int) -> None:
@@ -34,15 +33,12 @@ def serve(port: int) -> None:
 
 
 def client(port: int, first: bool) -> dict:
-    """Connect to the PS, add 1 to a plain and a shared variable there, use shared queues."""
+    """Connect to the PS, add 1 to a plain and a shared variable there, use a shared queue."""
     import tensorflow as tf
 
     raw = tf.raw_ops
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [f"localhost:{port}"]}))
     with tf.device("/job:ps/task:0"):
-        turn = raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]], shared_name=TURN)
-        if not first:  # client B blocks here until client A has finished
-            raw.QueueDequeueV2(handle=turn, component_types=[tf.int64])
         plain = tf.Variable(0.0, name="counter")  # anonymous: a new one for each client
         plain.assign_add(1.0)
         shared = raw.VarHandleOp(dtype=tf.float32, shape=[], shared_name=SHARED)
@@ -56,13 +52,10 @@ def client(port: int, first: bool) -> dict:
         letters = [] if first else [
             raw.QueueDequeueV2(handle=mailbox, component_types=[tf.string])[0].numpy().decode()
             for _ in range(size)]
-        report = {"role": "client " + ("A" if first else "B"), "pid": os.getpid(),
-                  "plain_device": plain.device, "plain_value": float(plain.numpy()),
-                  "shared_value": float(raw.ReadVariableOp(resource=shared, dtype=tf.float32)),
-                  "queue_size": size, "letters": letters}
-        if first:  # B's turn
-            raw.QueueEnqueueV2(handle=turn, components=[tf.constant(1, tf.int64)])
-    return report
+        return {"role": "client " + ("A" if first else "B"), "pid": os.getpid(),
+                "plain_device": plain.device, "plain_value": float(plain.numpy()),
+                "shared_value": float(raw.ReadVariableOp(resource=shared, dtype=tf.float32)),
+                "queue_size": size, "letters": letters}
 
 
 def _say(**msg) -> None:
@@ -71,8 +64,7 @@ def _say(**msg) -> None:
 
 def _start(args: list[str]) -> subprocess.Popen:
     """Start `python -m helpers.psdemo ARGS` in this process group, dying with its parent."""
-    # without this, B's blocked dequeue on the PS would stall A's ops (see the facts note)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen([sys.executable, "-m", "helpers.psdemo", *args], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
                             preexec_fn=_child_setup)
@@ -88,20 +80,19 @@ def _read_report(proc: subprocess.Popen, what: str) -> dict:
 
 
 def drive(port: int) -> None:
-    """Start the PS and clients A and B together; report A, then B; end every child."""
+    """Start the PS and clients A and B; let A work, then B; report all three; end every child."""
     children = []
     try:
         ps = _start(["ps", "--port", str(port)])
         children.append(ps)
-        # all three import TensorFlow at once; the clients connect once the PS serves
+        # all three import TensorFlow at once; each client connects when told to
         clients = [_start(["client", "--port", str(port), "--first"]),
                    _start(["client", "--port", str(port)])]
         children += clients
         _say(**_read_report(ps, "the PS"))
-        for c in clients:
+        for c, name in zip(clients, ("client A", "client B")):  # B only after A has finished
             c.stdin.write("go\n")
             c.stdin.flush()
-        for c, name in zip(clients, ("client A", "client B")):
             _say(**_read_report(c, name))
             c.wait()
         _say(role="ps", pid=ps.pid, still_running=ps.poll() is None)
@@ -124,7 +115,7 @@ def isolation_available() -> bool:
     return probe.returncode == 0
 
 
-def run_demo(isolate: bool | None = None, timeout: float = 180.0) -> list[dict]:
+def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     """Run the whole demo in fresh processes and return what each process reported.
 
     Args:
