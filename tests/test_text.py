@@ -60,7 +60,10 @@ def small_model(shared_data):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
         corpus = text.DbpediaCorpus("train", text.sample_lines("train", 25, seed=0))
-        model = text.train_doc2vec(corpus, dm=0, vector_size=24, epochs=15, seed=0,
+        # 40 epochs: gensim seeds word vectors with Python's hash(), which differs between
+        # processes unless PYTHONHASHSEED is set; at 15 epochs the rank-0 share below swung
+        # 0.55-0.65 over hash seeds, at 40 it stays 0.775-0.8.
+        model = text.train_doc2vec(corpus, dm=0, vector_size=24, epochs=40, seed=0,
                                    workers=1, progress=False)
         return corpus, model, list(corpus)
 
@@ -79,7 +82,7 @@ def test_inferred_vectors_sit_near_the_trained_ones(small_model):
     cos = (inferred / np.linalg.norm(inferred, axis=1, keepdims=True)) @ \
           (trained / np.linalg.norm(trained, axis=1, keepdims=True)).T
     own_rank = (cos > np.diag(cos)[:, None]).sum(axis=1)  # 0 = its own vector is the nearest
-    assert np.mean(own_rank == 0) > 0.5, own_rank
+    assert np.mean(own_rank == 0) > 0.6, own_rank
 
 
 @pytest.mark.parametrize("kwargs,message", [
