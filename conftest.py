@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import psutil
@@ -29,6 +30,24 @@ def shared_data() -> Path:
         pytest.skip("no real test data: set LABS_DATA_MIRROR to a folder holding mnist.npz "
                     "and dbpedia_subset/ (CI uses ../shared/data)")
     return found
+
+
+_FILE_SECONDS: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    """Add up wall time per test file (a notebook is one file), set-up and teardown included."""
+    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print seconds per file, slowest first, so CI's time budget can be watched."""
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("wall time per file")
+    for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
+    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f} s  total")
 
 
 def pytest_sessionfinish(session, exitstatus):
