@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 
-from helpers.cluster.launcher import _child_setup, free_ports
+from helpers.cluster.launcher import child_setup, free_ports
 from helpers.cluster.node import die_with_parent
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
@@ -67,7 +67,7 @@ def _start(args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen([sys.executable, "-m", "helpers.psdemo", *args], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
-                            preexec_fn=_child_setup)
+                            preexec_fn=child_setup)
 
 
 def _read_report(proc: subprocess.Popen, what: str) -> dict:
@@ -139,7 +139,7 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
                     "--parent-pid", str(os.getpid())]
     driver = subprocess.Popen(cmd, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, preexec_fn=_child_setup)
+                              start_new_session=True, preexec_fn=child_setup)
     try:
         out, err = driver.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

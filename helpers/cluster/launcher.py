@@ -31,7 +31,11 @@ class ClusterError(RuntimeError):
     """A cluster process died, hung or reported an error."""
 
 
-def _child_setup() -> None:  # runs in the child between fork and exec
+def child_setup() -> None:
+    """Have the kernel SIGTERM this child when its parent dies (Linux; a no-op elsewhere).
+
+    Pass as `preexec_fn`: it runs in the child between fork and exec.
+    """
     try:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
@@ -67,7 +71,7 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
-class _Proc:
+class ChildProcess:
     """One child process: its Popen, log file and a reader thread for its messages."""
 
     def __init__(self, name, cmd, env, log_path, inbox):
@@ -75,7 +79,7 @@ class _Proc:
         self.log = open(log_path, "wb")
         self.popen = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self.log, start_new_session=True,
-                                      preexec_fn=_child_setup)
+                                      preexec_fn=child_setup)
         self.pid = self.popen.pid
         self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
         self.thread.start()
@@ -149,7 +153,7 @@ class LocalCluster:
         self.workers, self.isolate, self.evaluator = workers, isolate, bool(evaluator)
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
         self.name = name or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
-        self.procs: dict[str, _Proc] = {}
+        self.procs: dict[str, ChildProcess] = {}
         self.holder: subprocess.Popen | None = None
         self.isolated = False
         self.dead_workers: set[int] = set()
@@ -180,7 +184,7 @@ class LocalCluster:
                 ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
                  "ip link set lo up && echo ready && exec cat"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=_child_setup)
+                start_new_session=True, preexec_fn=child_setup)
             line = self.holder.stdout.readline()
             if line.strip() != b"ready":
                 err = self.holder.stderr.read().decode(errors="replace").strip()
@@ -232,7 +236,7 @@ class LocalCluster:
                                 str(self.dir / "cluster.json"), "--job", job, "--task", str(task),
                                 "--control", "--parent-pid", str(os.getpid())]
                 name = f"{job}:{task}"
-                self.procs[name] = _Proc(name, cmd, env, self.dir / f"{job}-{task}.log",
+                self.procs[name] = ChildProcess(name, cmd, env, self.dir / f"{job}-{task}.log",
                                          self.inbox)
             waiting = set(self.procs)
             deadline = time.monotonic() + self.start_timeout

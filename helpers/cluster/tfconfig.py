@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from helpers import config
-from helpers.cluster.launcher import _Proc, free_ports, log_tail
+from helpers.cluster.launcher import ChildProcess, free_ports, log_tail
 
 ROLES = ("chief", "worker", "ps")
 _COUNTER = itertools.count()
@@ -77,7 +77,7 @@ class TFConfigCluster:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.name = name or f"tfconfig-{stamp}-{os.getpid()}-{next(_COUNTER)}"
         self.dir: Path | None = None
-        self.procs: dict[str, _Proc] = {}
+        self.procs: dict[str, ChildProcess] = {}
         self.inbox: queue.Queue = queue.Queue()
 
     def __enter__(self):
@@ -112,7 +112,7 @@ class TFConfigCluster:
                     name = f"{role}:{index}"
                     job_file = files["server" if role in self.servers else "job"]
                     cmd = [sys.executable, "-m", self.module, str(job_file)]
-                    self.procs[name] = _Proc(name, cmd, dict(env, TF_CONFIG=tf_config(
+                    self.procs[name] = ChildProcess(name, cmd, dict(env, TF_CONFIG=tf_config(
                         self.cluster, role, index)), self.dir / f"{role}-{index}.log", self.inbox)
         except BaseException:
             self.stop()
