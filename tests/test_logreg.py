@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 from sklearn.metrics import accuracy_score, precision_recall_fscore_support
 
-from helpers import schedules, training
+from helpers import logreg, schedules
 
 
 def blobs(n=600, d=5, k=3, seed=0):
@@ -21,7 +21,7 @@ def test_metrics_table_matches_sklearn(seed):
     y_pred = np.where(rng.random(300) < 0.6, y_true, rng.integers(0, 7, size=300))
     if seed == 4:
         y_pred[y_pred == 2] = 3  # a class never predicted: precision undefined there
-    ours = training.metrics_table(y_true, y_pred)
+    ours = logreg.metrics_table(y_true, y_pred)
     p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, average="macro",
                                                  zero_division=0)
     assert ours["accuracy"] == pytest.approx(accuracy_score(y_true, y_pred))
@@ -32,12 +32,12 @@ def test_metrics_table_matches_sklearn(seed):
 
 def test_metrics_table_refuses_mismatched_inputs():
     with pytest.raises(ValueError, match="same length|one length"):
-        training.metrics_table([0, 1, 2], [0, 1])
+        logreg.metrics_table([0, 1, 2], [0, 1])
 
 
 def test_loss_is_keras_crossentropy_plus_l2_penalty():
     x, y = blobs(50)
-    model = training.SoftmaxRegression(5, 3, l2=0.01)
+    model = logreg.SoftmaxRegression(5, 3, l2=0.01)
     model.w.assign(tf.random.normal([5, 3], seed=1))
     model.b.assign([0.1, -0.2, 0.3])
     ce, total = model.losses(tf.constant(x), tf.constant(y))
@@ -49,8 +49,8 @@ def test_loss_is_keras_crossentropy_plus_l2_penalty():
 
 def test_one_sgd_step_equals_keras_sgd_step():
     x, y = blobs(32)
-    ours = training.SoftmaxRegression(5, 3, l2=0.1)
-    training.train(ours, {"train": (x, y)}, schedules.Constant(0.05), epochs=1,
+    ours = logreg.SoftmaxRegression(5, 3, l2=0.1)
+    logreg.train(ours, {"train": (x, y)}, schedules.Constant(0.05), epochs=1,
                    batch_size=32, progress=False)
     w, b = tf.Variable(tf.zeros([5, 3])), tf.Variable(tf.zeros([3]))
     with tf.GradientTape() as tape:
@@ -64,8 +64,8 @@ def test_one_sgd_step_equals_keras_sgd_step():
 
 def test_train_learns_separable_blobs_and_records_history(tmp_path):
     x, y = blobs()
-    model = training.SoftmaxRegression(5, 3, l2=1e-3)
-    hist = training.train(model, {"train": (x[:500], y[:500]), "dev": (x[500:], y[500:])},
+    model = logreg.SoftmaxRegression(5, 3, l2=1e-3)
+    hist = logreg.train(model, {"train": (x[:500], y[:500]), "dev": (x[500:], y[500:])},
                           schedules.Exponential(0.5, 0.96, 10), epochs=4, batch_size=50,
                           log_dir=tmp_path / "tb", progress=False)
     assert len(hist.step_lr) == 4 * 10
@@ -89,18 +89,18 @@ def test_train_learns_separable_blobs_and_records_history(tmp_path):
 
 def test_an_exploding_rate_is_recorded_not_raised():
     x, y = blobs()
-    model = training.SoftmaxRegression(5, 3)
-    hist = training.train(model, {"train": (x * 100, y)}, schedules.Exponential(1.0, 10.0, 1),
+    model = logreg.SoftmaxRegression(5, 3)
+    hist = logreg.train(model, {"train": (x * 100, y)}, schedules.Exponential(1.0, 10.0, 1),
                           epochs=3, batch_size=100, progress=False)
     assert not np.all(np.isfinite(hist.epoch["train_loss"])) or \
         hist.epoch["train_loss"][-1] > hist.epoch["train_loss"][0]
-    assert training.oscillation(hist.step_loss) > 0.3
+    assert logreg.oscillation(hist.step_loss) > 0.3
 
 
 def test_oscillation_counts_rises():
-    assert training.oscillation([3, 2, 1, 0.5]) == 0
-    assert training.oscillation([1, 2, 1, 2, 1]) == 0.5
-    assert training.oscillation([1, np.nan, np.inf]) == 1
+    assert logreg.oscillation([3, 2, 1, 0.5]) == 0
+    assert logreg.oscillation([1, 2, 1, 2, 1]) == 0.5
+    assert logreg.oscillation([1, np.nan, np.inf]) == 1
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -110,10 +110,10 @@ def test_oscillation_counts_rises():
 def test_train_refuses_bad_arguments(kwargs, message):
     x, y = blobs(20)
     with pytest.raises(ValueError, match=message):
-        training.train(training.SoftmaxRegression(5, 3), {"train": (x, y)},
+        logreg.train(logreg.SoftmaxRegression(5, 3), {"train": (x, y)},
                        schedules.Constant(0.1), **kwargs)
 
 
 def test_model_refuses_negative_l2():
     with pytest.raises(ValueError, match="l2 must be >= 0, got -1"):
-        training.SoftmaxRegression(5, 3, l2=-1)
+        logreg.SoftmaxRegression(5, 3, l2=-1)
