@@ -47,12 +47,9 @@ def validate(job: dict, workers: int = 1) -> dict:
 
 def mnist_arrays(train_size: int, test_size: int, seed: int = 0):
     """MNIST scaled to [0, 1]: a seeded training subset and the first test examples."""
-    from helpers.data import load_mnist
+    from helpers.cluster.models import load_arrays  # the engine's loader: same subset, same scaling
 
-    (x, y), (xt, yt) = load_mnist()
-    order = np.random.default_rng(seed).permutation(len(x))[:train_size]
-    return (x[order].astype(np.float32) / 255, y[order].astype(np.int32),
-            xt[:test_size].astype(np.float32) / 255, yt[:test_size].astype(np.int32))
+    return load_arrays("mnist", train_size, test_size, seed)
 
 
 def accuracy(model, x, y, batch: int = 1000) -> float:
