@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+# The engine's loader (same seeded subset and scaling) and accuracy (argmax over test batches).
+from helpers.cluster.models import accuracy, load_arrays
+
 KINDS = ("mwms", "ps", "server")
 MODELS = ("logreg", "lenet")
 
@@ -47,16 +50,7 @@ def validate(job: dict, workers: int = 1) -> dict:
 
 def mnist_arrays(train_size: int, test_size: int, seed: int = 0):
     """MNIST scaled to [0, 1]: a seeded training subset and the first test examples."""
-    from helpers.cluster.models import load_arrays  # the engine's loader: same subset, same scaling
-
     return load_arrays("mnist", train_size, test_size, seed)
-
-
-def accuracy(model, x, y, batch: int = 1000) -> float:
-    """Fraction of examples whose arg-max logit is the label."""
-    hits = sum(int((np.asarray(model(x[i:i + batch])).argmax(1) == y[i:i + batch]).sum())
-               for i in range(0, len(x), batch))
-    return hits / len(x)
 
 
 def ring_bytes(grad_bytes: int, workers: int) -> float:
