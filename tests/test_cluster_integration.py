@@ -23,7 +23,9 @@ from helpers.cluster.launcher import log_tail
 
 STEPS = 150
 MIN_ACCURACY = 0.78  # logistic regression reaches ~0.85 on this subset in 150 updates
-COMMON = dict(steps=STEPS, batch_size=64, lr=0.5, train_size=6000, test_size=2000,
+# lr 0.2, not larger: at lr 0.5 the last iterate swings from 0.58 to 0.86 between identical
+# SSP runs (measured 10 runs); at 0.2 it stays within 0.84-0.85 (8 runs)
+COMMON = dict(steps=STEPS, batch_size=64, lr=0.2, train_size=6000, test_size=2000,
               progress=False, seed=0)
 
 
@@ -48,8 +50,8 @@ def steps_of(run):
 
 def test_async_downpour_trains_and_records_staleness(cluster):
     # async has no bound on staleness: on a busy machine one worker can be starved and push
-    # a gradient 100+ versions old at the very end, so use a smaller lr and a lower bar
-    run = cluster.train(mode="async", n_fetch=2, n_push=2, **THREE, **dict(COMMON, lr=0.2))
+    # a gradient 100+ versions old at the very end, so use a lower bar
+    run = cluster.train(mode="async", n_fetch=2, n_push=2, **THREE, **COMMON)
     assert run.test_accuracy > 0.7
     up, st = updates(run), steps_of(run)
     assert len(up) == STEPS and up.version.tolist() == list(range(1, STEPS + 1))
@@ -174,7 +176,7 @@ def test_async_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
     st = steps_of(run)
     assert st[st.worker == 3].step.max() < 20 and st.gap.max() <= 1
     run = cluster.train(mode="async", workers=3, worker_ids=[0, 1, 2],
-                        faults={2: {"kind": "kill", "at": 20}}, **dict(COMMON, lr=0.2))
+                        faults={2: {"kind": "kill", "at": 20}}, **COMMON)
     assert run.dead_workers == [2, 3] and len(updates(run)) == STEPS
     assert (updates(run).workers.apply(lambda ws: ws[0]) != 2).sum() > STEPS // 2
     run = cluster.train(mode="backup", k=1, workers=2, worker_ids=[0, 1],
