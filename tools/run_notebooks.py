@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,13 @@ from nbconvert import HTMLExporter  # noqa: E402
 
 from tools.notebooks import NOTEBOOK_DIR, notebook_paths, read  # noqa: E402
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
 BUILD = Path(__file__).resolve().parent.parent / "build"
+
+
+def interrupted(client: NotebookClient) -> bool:
+    """True if SIGINT reached nbclient's handler (it schedules the kernel's shutdown)."""
+    return getattr(client, "_async_cleanup_kernel_future", None) is not None
 
 
 def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[str, float, str]:
@@ -32,9 +39,14 @@ def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[str, float, str]:
     try:
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-        status, error = "FAILED", str(exc).strip().splitlines()[-1][:200]
-    except KeyboardInterrupt:
-        status, error = "INTERRUPTED", "interrupted by the user"
+        status, error = "FAILED", ANSI.sub("", str(exc)).strip().splitlines()[-1][:200]
+    except (KeyboardInterrupt, AssertionError):
+        # nbclient handles SIGINT itself: it shuts the kernel down and then trips over its
+        # own cleanup (AssertionError "self.km is not None") or reports a dead kernel.
+        if not interrupted(client):
+            raise
+    if interrupted(client):
+        status, error = "INTERRUPTED", "interrupted by the user (Ctrl-C)"
     seconds = time.perf_counter() - t0
     nbformat.write(nb, str(out_dir / path.name))
     html, _ = HTMLExporter().from_notebook_node(nb)
@@ -48,12 +60,13 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="set LABS_QUICK=1 for the kernels")
     parser.add_argument("--only", default="", help="run only notebooks whose name contains this")
     parser.add_argument("--out", type=Path, default=BUILD)
+    parser.add_argument("--dir", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks")
     args = parser.parse_args(argv)
     if args.quick:
         os.environ["LABS_QUICK"] = "1"
     mode = "quick" if os.environ.get("LABS_QUICK", "0") not in ("", "0") else "full"
     args.out.mkdir(parents=True, exist_ok=True)
-    paths = [p for p in notebook_paths(NOTEBOOK_DIR) if args.only in p.name]
+    paths = [p for p in notebook_paths(args.dir) if args.only in p.name]
     results = []
     for path in paths:
         print(f"running {path.name} ({mode} mode) ...", flush=True)
@@ -68,6 +81,8 @@ def main(argv=None) -> int:
         print(f"| {name} | {status} | {seconds / 60:.1f} min | {error} |")
     total = sum(r[2] for r in results)
     print(f"| total | {sum(r[1] == 'ok' for r in results)}/{len(paths)} ok | {total / 60:.1f} min | |")
+    if any(r[1] == "INTERRUPTED" for r in results):
+        return 130  # the shell's code for "stopped by SIGINT"
     return 0 if all(r[1] == "ok" for r in results) and len(results) == len(paths) else 1
 
 

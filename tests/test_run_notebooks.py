@@ -1,0 +1,49 @@
+"""`make run`'s runner: Ctrl-C stops it with an INTERRUPTED row, exit 130 and no kernel left."""
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def notebook(path: Path, source: str) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+def test_ctrl_c_reports_interrupted_and_leaves_no_kernel(tmp_path):
+    pid_file = tmp_path / "kernel.pid"
+    notebook(tmp_path / "01_sleeps.ipynb",
+             f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)")
+    notebook(tmp_path / "02_never_runs.ipynb", "print('should not run')")
+    runner = subprocess.Popen(
+        [sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "--dir", str(tmp_path),
+         "--out", str(tmp_path / "build")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the kernel never started the first cell"
+            assert runner.poll() is None, runner.stdout.read()
+            time.sleep(0.2)
+        kernel = int(pid_file.read_text())
+        runner.send_signal(signal.SIGINT)
+        out, _ = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert runner.returncode == 130, out
+    assert "| 01_sleeps.ipynb | INTERRUPTED |" in out and "02_never_runs" not in out, out
+    assert "Traceback" not in out.split("| notebook |")[-1]
+    assert (tmp_path / "build" / "01_sleeps.html").exists()  # the partial copy is kept
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(kernel) and psutil.Process(kernel).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"kernel pid {kernel} still running"
+        time.sleep(0.2)
