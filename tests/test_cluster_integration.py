@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from helpers import compression
 from helpers.cluster import ClusterError, LocalCluster, protocol
 from helpers.cluster.launcher import log_tail
 
@@ -122,6 +123,21 @@ def test_backup_drop_discards_late_gradients(cluster):
     drops = run.events[run.events.kind == "drop"]
     assert len(drops) > 0 and (drops.staleness >= 1).all()
     assert run.summary()["dropped"] == len(drops)
+
+
+def test_compressed_pushes_send_fewer_bytes_and_still_train(cluster):
+    """float16 halves a push; top-1% sends 1% of entries as value + int32 index."""
+    logreg = [(784, 10), (10,)]  # the gradient shapes of logistic regression on MNIST
+    plain = cluster.train(mode="sync", **THREE, **COMMON)
+    for spec, payload in (("float16", 2 * 7850), ({"topk": 0.01}, 8 * (79 + 1))):
+        run = cluster.train(mode="sync", compress=spec, **THREE, **COMMON)
+        assert run.test_accuracy > MIN_ACCURACY, spec
+        pushed = steps_of(run).bytes_pushed
+        assert set(pushed) == {payload + 32}, spec  # + the int64[4] header
+        assert compression.from_spec(spec).bytes_for(logreg) == payload
+        if cluster.isolated:  # the network really carried less: pulls are unchanged
+            saved = (plain.summary()["bytes_pushed"] - run.summary()["bytes_pushed"])
+            assert plain.summary()["loopback_bytes"] - run.summary()["loopback_bytes"] > saved / 2
 
 
 def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster):

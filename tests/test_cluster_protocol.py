@@ -1,4 +1,5 @@
 """Pure-Python tests of the cluster protocol rules (no TensorFlow, no processes)."""
+import re
 import subprocess
 import sys
 
@@ -178,9 +179,11 @@ def test_lr_schedules_match_keras():
     (dict(workers=2, data="imagenet"), "data must be 'mnist'"),
     (dict(workers=4, batch_size=64, train_size=100), "raise train_size"),
     (dict(workers=2, resume=True), "resume=True needs the run_id"),
+    (dict(workers=2, compress="int8"), "compress must be None, 'float16' or {'topk': fraction}"),
+    (dict(workers=2, compress={"topk": 0}), "top-k fraction must be in (0, 1], got 0"),
 ])
 def test_validation_rejects_bad_configs(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         validate(RunConfig(**kwargs))
 
 

@@ -1,9 +1,12 @@
 """Gradient compressors against NumPy references: float16 rounding, top-k selection and the
 error-feedback invariant (what was not sent is sent later)."""
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import compression
 from helpers.compression import Float16, Float32, TopK
 
 
@@ -51,3 +54,26 @@ def test_top_k_error_feedback_loses_nothing_over_steps():
 def test_bad_fraction_is_refused():
     with pytest.raises(ValueError, match=r"top-k fraction must be in \(0, 1\], got 0"):
         TopK(0)
+
+
+@pytest.mark.parametrize("spec", [None, "float16", {"topk": 0.2}])
+def test_the_wire_format_is_what_bytes_for_counts_and_decodes_back(spec):
+    comp = compression.from_spec(spec)
+    g = grads(2)
+    shapes = [tuple(x.shape) for x in g]
+    wire = comp.encode(g)
+    assert [(w.dtype.name, tuple(w.shape)) for w in wire] == comp.wire_spec(shapes)
+    assert sum(w.numpy().nbytes for w in wire) == comp.bytes_for(shapes)
+    comp.feedback = False  # compare one encode + decode with the one-process call
+    for a, b in zip(comp.decode(wire, shapes), comp(g)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("int8", "compress must be None, 'float16' or {'topk': fraction}, got 'int8'"),
+    ({"topk": 1.5}, "top-k fraction must be in (0, 1], got 1.5"),
+    ({"top_k": 0.1}, "compress must be None"),
+])
+def test_unknown_compression_specs_are_refused(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        compression.from_spec(spec)

@@ -73,8 +73,13 @@ class Node:
     # ---------------------------------------------------------------- shared resources
     def resources(self, cfg, shapes):
         """Handles of the run's shared variables and queues, all placed on the PS."""
+        from helpers import compression
+
         tf, raw = self.tf, self.tf.raw_ops
         prefix = f"{cfg.run_id}/"
+        # a push carries the compressor's wire tensors (e.g. top-k values + indices), so
+        # only those cross the network; every node declares the queue with the same spec
+        wire = compression.from_spec(cfg.compress).wire_spec(shapes)
         n_tasks = max(cfg.worker_ids) + 1
         with tf.device(self.ps):
             r = {
@@ -82,8 +87,9 @@ class Node:
                          for i, s in enumerate(shapes)],
                 "version": raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "version"),
                 "stopped": raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "stopped"),
-                "grads": raw.FIFOQueueV2(component_types=[tf.int64] + [tf.float32] * len(shapes),
-                                         shapes=[[4]] + [list(s) for s in shapes],
+                "grads": raw.FIFOQueueV2(component_types=[tf.int64] + [tf.as_dtype(d)
+                                                                       for d, _ in wire],
+                                         shapes=[[4]] + [list(s) for _, s in wire],
                                          capacity=max(4, 2 * cfg.workers),
                                          shared_name=prefix + "grads"),
                 "tokens": [raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[2]],
@@ -96,6 +102,7 @@ class Node:
                 "ckpt": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
                                         capacity=100_000, shared_name=prefix + "ckpt"),
             }
+        r["wire"] = wire
         return r
 
     # ---------------------------------------------------------------- entry
@@ -141,6 +148,12 @@ class PSLoop:
         self.lock = threading.Lock()
         tf = self.tf
         self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
+        from helpers import compression
+
+        comp = compression.from_spec(cfg.compress)
+        shapes = [tuple(v.shape) for v in model.trainable_variables]
+        self.decode = (None if cfg.compress in (None, "float32")
+                       else tf.function(lambda wire: comp.decode(wire, shapes)))
         self.version = 0
         self.last_ckpt = None
         self._build_apply()
@@ -236,7 +249,7 @@ class PSLoop:
                     self.alive.discard(w)
                 self.log.write("dead", worker=w, pid=pid)
                 comps = [tf.constant([w, -1, -1, DEAD], tf.int64)] + [
-                    tf.zeros(v.shape) for v in self.model.trainable_variables]
+                    tf.zeros(shape, dtype) for dtype, shape in self.res["wire"]]
                 for handle, c in ((self.res["grads"], comps),
                                   (self.res["done"], [tf.constant(w, tf.int64)]),
                                   (self.res["join"], [tf.constant(w, tf.int64)])):
@@ -276,7 +289,7 @@ class PSLoop:
         self._init_vars()
         watcher = threading.Thread(target=self._watch_workers, daemon=True)
         watcher.start()
-        types = [tf.int64] + [tf.float32] * len(self.res["vars"])
+        types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res["wire"]]
         mode = cfg.mode
         agg = None
         if mode in ("sync", "backup"):
@@ -320,7 +333,7 @@ class PSLoop:
             if kind == DEAD:
                 self._on_dead(worker, agg)
                 continue
-            grads = comps[1:]
+            grads = comps[1:] if self.decode is None else self.decode(comps[1:])
             push = protocol.Push(worker, step, version_read)
             if agg is None:  # async and ssp apply every push at once
                 stale = protocol.staleness(version_read, self.version)
@@ -451,7 +464,15 @@ class WorkerLoop:
                     for v in model.trainable_variables]
         self.version_read = tf.Variable(tf.constant(0, tf.int64), trainable=False)
         self.rng = np.random.default_rng([cfg.seed, node.task])
-        self.bytes = int(sum(np.prod(v.shape) for v in model.trainable_variables) * 4)
+        from helpers import compression
+
+        shapes = [tuple(v.shape) for v in model.trainable_variables]
+        self.comp = compression.from_spec(cfg.compress)
+        # what a compressed push did not send, added to the next push (error feedback)
+        self.residual = ([tf.Variable(tf.zeros(s), trainable=False) for s in shapes]
+                         if self.comp.feedback else None)
+        self.bytes = compression.Float32().bytes_for(shapes)  # one pull: float32 parameters
+        self.bytes_push = self.comp.bytes_for(shapes) + 32  # + the int64[4] header
         self._build_step()
 
     def _build_step(self):
@@ -463,6 +484,7 @@ class WorkerLoop:
         shapes = [tuple(v.shape) for v in variables]
         ps, task, n_push = self.node.ps, self.node.task, cfg.n_push
         local_lr = cfg.lr
+        comp, residual = self.comp, self.residual
 
         @tf.function
         def step(x, y, local_step, fetch: bool, push: bool):
@@ -485,9 +507,15 @@ class WorkerLoop:
             if push:
                 meta = tf.stack([tf.constant(task, tf.int64), local_step, self.version_read,
                                  tf.constant(GRAD, tf.int64)])
+                send = [a / n_push for a in self.acc]
+                if residual is not None:
+                    send = [g + r for g, r in zip(send, residual)]
+                wire = comp.encode(send)  # on this worker: only `wire` goes to the PS
+                if residual is not None:
+                    for r, g, sent in zip(residual, send, comp.decode(wire, shapes)):
+                        r.assign(g - sent)
                 with tf.device(ps):
-                    raw.QueueEnqueueV2(handle=res["grads"],
-                                       components=[meta] + [a / n_push for a in self.acc])
+                    raw.QueueEnqueueV2(handle=res["grads"], components=[meta] + wire)
                 for a in self.acc:
                     a.assign(tf.zeros_like(a))
             return loss, self.version_read.read_value()
@@ -566,7 +594,7 @@ class WorkerLoop:
                                version_read=version_read, fetched=fetch,
                                pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
                                delay_s=delay, bytes_pulled=self.bytes if fetch else 0,
-                               bytes_pushed=self.bytes + 32 if push else 0,
+                               bytes_pushed=self.bytes_push if push else 0,
                                gap=(step - gap[1]) if cfg.mode == "ssp" else None)
                 step += 1
         except ended:

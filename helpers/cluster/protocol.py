@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 import math
 
+from helpers import compression  # its checks are plain Python; TF is imported only to compress
+
 MODES = ("async", "sync", "ssp", "backup")
 MODELS = ("logreg", "lenet")
 STALE_POLICIES = ("drop", "fold")
@@ -164,6 +166,7 @@ class RunConfig:
     lr: float = 0.1
     lr_schedule: dict | None = None
     momentum: float = 0.0
+    compress: str | dict | None = None  # pushes: None, "float16" or {"topk": fraction}
     n_fetch: int = 1
     n_push: int = 1
     staleness: int = 0  # ssp
@@ -224,6 +227,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         learning_rate(1.0, cfg.lr_schedule, 1)  # raises on an unknown name
         if cfg.lr_schedule["name"] != "piecewise" and cfg.lr_schedule.get("decay_steps", 0) <= 0:
             raise ValueError(f"lr_schedule decay_steps must be > 0, got {cfg.lr_schedule!r}")
+    compression.check_spec(cfg.compress)
     if cfg.mode != "async" and (cfg.n_fetch, cfg.n_push) != (1, 1):
         raise ValueError(f"n_fetch/n_push apply to mode='async' only, got mode={cfg.mode!r} "
                          f"with n_fetch={cfg.n_fetch}, n_push={cfg.n_push}")
