@@ -6,6 +6,20 @@ import numpy as np
 
 def load_arrays(data: str, train_size: int | None, test_size: int | None, seed: int):
     """Return (x_train, y_train, x_test, y_test) as float32/int32, subsetted with a seed."""
+    x_tr, y_tr, x_te, y_te, _ = load_part(data, train_size, test_size, seed)
+    return x_tr, y_tr, x_te, y_te
+
+
+def load_part(data: str, train_size: int | None, test_size: int | None, seed: int,
+              shard: tuple[int, int] = (0, 1), images: tuple[str, ...] = ("train", "test")):
+    """What one cluster process needs: (x_train, y_train, x_test, y_test, classes).
+
+    shard=(i, n) keeps the i-th of n interleaved shards of the seeded training subset;
+    `images` says which of x_train/x_test to return (the other is None). Every step that can
+    shrink the data (subset, shard) runs on the uint8 images before the float32 conversion,
+    so a process never holds a float32 copy of data it does not use. `classes` is counted
+    on all labels, so every process builds the same model.
+    """
     if data == "mnist":
         from helpers.data import load_mnist
 
@@ -17,15 +31,21 @@ def load_arrays(data: str, train_size: int | None, test_size: int | None, seed: 
         scale = 1.0
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x_tr))[: train_size or len(x_tr)]
-    x_te, y_te = x_te[: test_size or len(x_te)], y_te[: test_size or len(y_te)]
-    # subset before converting: a float32 copy of all of MNIST would cost ~190 MB per process
-    return (x_tr[order].astype(np.float32) * np.float32(scale), y_tr[order].astype(np.int32),
-            x_te.astype(np.float32) * np.float32(scale), y_te.astype(np.int32))
+    y_te = y_te[: test_size or len(y_te)]
+    classes = int(max(y_tr[order].max(), y_te.max())) + 1
+    index, count = shard
+    order = order[index::count]
+    x_tr = x_tr[order] if "train" in images else None  # copies: the full arrays can go
+    x_te = x_te[: len(y_te)].copy() if "test" in images else None
 
+    def as_float(x):
+        if x is None:
+            return None
+        out = x.astype(np.float32)
+        out *= np.float32(scale)  # in place: no second float32 copy
+        return out
 
-def shard(x, y, index: int, count: int):
-    """The index-th of `count` interleaved shards of (x, y)."""
-    return x[index::count], y[index::count]
+    return as_float(x_tr), y_tr[order].astype(np.int32), as_float(x_te), y_te.astype(np.int32), classes
 
 
 def build(name: str, input_shape: tuple, classes: int, seed: int):
@@ -53,8 +73,9 @@ def build(name: str, input_shape: tuple, classes: int, seed: int):
     return model
 
 
-def accuracy(model, x, y, batch: int = 1000) -> float:
-    """Fraction of examples whose arg-max logit is the label."""
+def accuracy(model, x, y, batch: int = 250) -> float:
+    """Fraction of examples whose arg-max logit is the label (batches of 250 keep the
+    activations of a LeNet forward pass ~5 MB, so evaluating does not raise peak memory)."""
     hits = 0
     for i in range(0, len(x), batch):
         logits = np.asarray(model(x[i:i + batch], training=False))

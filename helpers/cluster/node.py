@@ -111,23 +111,38 @@ class Node:
         from helpers.cluster import events, models
 
         log = events.EventLog(run_dir, f"{self.job}-{self.task}")
-        x_tr, y_tr, x_te, y_te = models.load_arrays(cfg.data, cfg.train_size, cfg.test_size,
-                                                    cfg.seed)
-        classes = int(max(y_tr.max(), y_te.max())) + 1
-        model = models.build(cfg.model, x_tr.shape[1:], classes, cfg.seed)
+        if self.job == "worker":  # its own shard of the training images only
+            shard = (cfg.worker_ids.index(self.task), cfg.workers)
+            x_tr, y_tr, _, _, classes = models.load_part(cfg.data, cfg.train_size,
+                                                         cfg.test_size, cfg.seed, shard, ("train",))
+            data = (x_tr, y_tr)
+        else:  # the PS and the evaluator only test
+            _, _, x_te, y_te, classes = models.load_part(cfg.data, cfg.train_size, cfg.test_size,
+                                                         cfg.seed, images=("test",))
+            data = (x_te, y_te)
+        model = models.build(cfg.model, data[0].shape[1:], classes, cfg.seed)
         shapes = [tuple(v.shape) for v in model.trainable_variables]
         res = self.resources(cfg, shapes)
         try:
             if self.job == "ps":
-                return PSLoop(self, cfg, run_dir, log, model, res, worker_pids,
-                              (x_te, y_te)).run()
-            if self.job == "evaluator":
-                return EvaluatorLoop(self, run_dir, log, model, res, (x_te, y_te)).run()
-            index = cfg.worker_ids.index(self.task)
-            x, y = models.shard(x_tr, y_tr, index, cfg.workers)
-            return WorkerLoop(self, cfg, log, model, res, x, y).run()
+                loop = PSLoop(self, cfg, run_dir, log, model, res, worker_pids, data)
+            elif self.job == "evaluator":
+                loop = EvaluatorLoop(self, run_dir, log, model, res, data)
+            else:
+                loop = WorkerLoop(self, cfg, log, model, res, *data)
+            return loop.run()
         finally:
             log.close()
+            # a node serves many runs: drop this run's model, traced functions and data
+            # (each loop's tf.function refers back to the loop), or every run adds ~20 MB
+            loop = model = data = res = None
+            import keras
+
+            keras.backend.clear_session(free_memory=True)
+            try:  # hand the freed heap back to the OS (glibc keeps it otherwise)
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+            except (OSError, AttributeError):
+                pass
 
 
 class PSLoop:
