@@ -340,6 +340,29 @@ def _can_make_namespaces() -> str | None:
     return None
 
 
+def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
+    """worker_timeout: a standalone PS whose worker never comes fails with a clear error."""
+    reason = _can_make_namespaces()
+    if reason:  # the PS listens on all interfaces: keep it inside a private namespace
+        pytest.skip(reason)
+    (tmp_path / "cluster.json").write_text(json.dumps(
+        {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}))  # no worker will start
+    cfg = protocol.validate(protocol.RunConfig(workers=1, mode="sync", steps=10,
+                                               worker_timeout=3, run_id="silent"))
+    (tmp_path / "run.json").write_text(json.dumps(cfg.to_dict()))
+    t0 = time.monotonic()
+    ps = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
+         f"ip link set lo up && exec {sys.executable} -m helpers.cluster.node --cluster "
+         f"{tmp_path / 'cluster.json'} --job ps --task 0 --run {tmp_path / 'run.json'}"],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert ps.returncode != 0
+    assert "no message from any worker for worker_timeout=3 s (last heard: worker 0" in ps.stderr
+    assert time.monotonic() - t0 < 60
+    events = (tmp_path / "ps-0.jsonl").read_text()
+    assert '"timeout"' in events and '"joined"' not in events
+
+
 def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_data):
     """Two network namespaces stand in for two machines; the nodes run standalone."""
     reason = _can_make_namespaces()

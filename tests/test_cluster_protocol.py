@@ -179,6 +179,7 @@ def test_lr_schedules_match_keras():
     (dict(workers=2, data="imagenet"), "data must be 'mnist'"),
     (dict(workers=4, batch_size=64, train_size=100), "raise train_size"),
     (dict(workers=2, resume=True), "resume=True needs the run_id"),
+    (dict(workers=2, worker_timeout=-1), "worker_timeout must be a number of seconds >= 0"),
     (dict(workers=2, compress="int8"), "compress must be None, 'float16' or {'topk': fraction}"),
     (dict(workers=2, compress={"topk": 0}), "top-k fraction must be in (0, 1], got 0"),
 ])

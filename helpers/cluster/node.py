@@ -161,6 +161,8 @@ class PSLoop:
         self.waiting: list[tuple[int, int]] = []  # (worker, version) pushes owed a token
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
+        self.last_heard = {w: time.monotonic() for w in cfg.worker_ids}  # liveness
+        self.timed_out = False
         tf = self.tf
         self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
         from helpers import compression
@@ -250,6 +252,8 @@ class PSLoop:
 
         raw, tf = self.tf.raw_ops, self.tf
         while not self.stop_event.wait(0.2):
+            if self._silent_too_long():
+                return
             for w, pid in self.worker_pids.items():
                 with self.lock:
                     if w not in self.alive or w in self.finished:
@@ -272,6 +276,35 @@ class PSLoop:
                         raw.QueueEnqueueV2(handle=handle, components=c)
                     except tf.errors.OpError:
                         pass  # queue already closed at the end of the run
+
+    def _heard(self, worker: int) -> None:
+        self.last_heard[worker] = time.monotonic()
+
+    def _silent_too_long(self) -> bool:
+        """worker_timeout: with no word from any live worker for that long, close the queues
+        so the blocked main loop wakes up, and report it (standalone runs have no launcher)."""
+        timeout = self.cfg.worker_timeout
+        with self.lock:
+            live = self.alive - self.finished
+        if not timeout or not live or time.monotonic() - max(self.last_heard.values()) < timeout:
+            return False
+        self.timed_out = True
+        self.log.write("timeout", silent_s=timeout, workers=sorted(live))
+        raw = self.tf.raw_ops
+        for name in ("grads", "join", "done"):
+            raw.QueueCloseV2(handle=self.res[name], cancel_pending_enqueues=True)
+        return True
+
+    def _timeout_error(self) -> RuntimeError:
+        now = time.monotonic()
+        with self.lock:
+            live = sorted(self.alive - self.finished)
+        heard = ", ".join(f"worker {w} {now - self.last_heard[w]:.0f} s ago" for w in live)
+        return RuntimeError(
+            f"no message from any worker for worker_timeout={self.cfg.worker_timeout} s "
+            f"(last heard: {heard}): a worker host may be down or unreachable, or was never "
+            f"started; check the workers' logs, then restart the run (resume=True continues "
+            f"from the last checkpoint)")
 
     def _fault(self):
         spec = self.cfg.faults.get("ps")
@@ -315,36 +348,39 @@ class PSLoop:
         pushes: dict[tuple[int, int], list] = {}
         t0 = time.time()
         self.log.write("start", mode=mode, workers=cfg.worker_ids, version=self.version)
-        for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
-            self._token(w, self.version, 0)
-        self._wait_all("join", set())
-        with self.lock:
-            joined = sorted(self.alive)
-        self.log.write("joined", workers=joined)
-        if mode == "ssp":
-            self._ssp_grants()
-        else:
-            with self.lock:
-                alive = sorted(self.alive)
-            for w in alive:
-                self._token(w, self.version, 0)
         try:
+            for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
+                self._token(w, self.version, 0)
+            self._wait_all("join", set())
+            with self.lock:
+                joined = sorted(self.alive)
+            self.log.write("joined", workers=joined)
+            if mode == "ssp":
+                self._ssp_grants()
+            else:
+                with self.lock:
+                    alive = sorted(self.alive)
+                for w in alive:
+                    self._token(w, self.version, 0)
             self._loop(agg, pushes, types)
-        except BaseException:
+            self._finish()
+            return self._final(t0)
+        except BaseException as exc:
             self._finish()
             self.stop_event.set()
             if self.cfg.evaluator:
                 self.tf.raw_ops.QueueCloseV2(handle=self.res["ckpt"],
                                              cancel_pending_enqueues=True)
+            if self.timed_out:
+                raise self._timeout_error() from exc
             raise
-        self._finish()
-        return self._final(t0)
 
     def _loop(self, agg, pushes, types):
         raw, cfg, protocol, mode = self.tf.raw_ops, self.cfg, self.protocol, self.cfg.mode
         while self.version < cfg.steps:
             comps = raw.QueueDequeueV2(handle=self.res["grads"], component_types=types)
             worker, step, version_read, kind = (int(v) for v in comps[0].numpy())
+            self._heard(worker)
             if kind == DEAD:
                 self._on_dead(worker, agg)
                 continue
@@ -414,6 +450,7 @@ class PSLoop:
                 if not (self.alive - seen):
                     return
             w = int(raw.QueueDequeueV2(handle=self.res[queue_name], component_types=[tf.int64])[0])
+            self._heard(w)
             with self.lock:
                 seen.add(w)
 

@@ -179,6 +179,9 @@ class RunConfig:
     stragglers: dict = field(default_factory=dict)  # worker -> factor | {"dist", "mean"}
     faults: dict = field(default_factory=dict)  # "ps" | worker -> {"kind", "at"}
     checkpoint_every: int = 0  # PS updates between checkpoints (0 = none)
+    # PS: give up after this many seconds without a message from any worker (0 = wait
+    # forever). For standalone multi-host runs, where no launcher watches the workers.
+    worker_timeout: float = 0.0
     resume: bool = False
     evaluator: bool = False  # set by the launcher when the cluster has an evaluator process
     seed: int = 0
@@ -252,6 +255,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"train_size={cfg.train_size} gives each of {cfg.workers} workers less "
                          f"than one batch of {cfg.batch_size}: raise train_size")
     _positive_int("checkpoint_every", cfg.checkpoint_every, minimum=0)
+    if not (isinstance(cfg.worker_timeout, (int, float)) and not isinstance(cfg.worker_timeout, bool)
+            and 0 <= cfg.worker_timeout < math.inf):
+        raise ValueError(f"worker_timeout must be a number of seconds >= 0 (0 = wait forever), "
+                         f"got {cfg.worker_timeout!r}")
     if cfg.resume and not cfg.run_id:
         raise ValueError("resume=True needs the run_id of the run to resume")
     if not cfg.worker_ids:
