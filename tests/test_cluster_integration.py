@@ -201,6 +201,18 @@ def test_async_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
     assert run.dead_workers == [1, 2, 3] and len(updates(run)) == STEPS
 
 
+def test_log_tail_reads_from_where_the_run_began(tmp_path):
+    log = tmp_path / "ps-0.log"
+    log.write_text("earlier run: Traceback ...\n")
+    start = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("this run: line 1\nthis run: line 2\n")
+    assert log_tail(log, start=start) == "this run: line 1\nthis run: line 2"
+    assert log_tail(log, lines=1) == "this run: line 2"
+    assert log_tail(tmp_path / "missing.log") == "(no log)"
+    assert log_tail(log, start=log.stat().st_size) == "(empty log)"
+
+
 def test_bad_config_raises_before_anything_starts():
     with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
         LocalCluster(workers=0)
@@ -214,7 +226,7 @@ def test_killed_ps_fails_fast_naming_it(cluster):
     with pytest.raises(ClusterError, match=r"ps:0 \(pid \d+\) killed by SIGKILL") as err:
         cluster.train(mode="async", run_id=f"{cluster.name}-killed", checkpoint_every=10,
                       faults={"ps": {"kind": "kill", "at": 30}}, **COMMON)
-    assert "last lines of" in str(err.value)
+    assert "(this run) ---" in str(err.value)  # the tail starts where this run began
     events = (cluster.dir.parent / f"{cluster.name}-killed" / "ps-0.jsonl").read_text()
     fault_t = [json.loads(line)["t"] for line in events.splitlines() if '"fault"' in line][0]
     assert time.time() - fault_t < 10  # the error came within 10 s of the death
@@ -282,7 +294,8 @@ def test_hung_ps_trips_the_stall_watchdog(small_cluster):
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"no progress for 10 s.*ps:0") as err:
         small_cluster.train(mode="async", faults={"ps": {"kind": "hang", "at": 20}}, **COMMON)
-    assert "last lines of" in str(err.value)
+    # the tail starts where this run began: not the previous test's "worker 1 died" traceback
+    assert "(this run) ---" in str(err.value) and "died" not in str(err.value)
     assert time.monotonic() - t0 < 60
     assert small_cluster.procs == {}  # torn down
 

@@ -62,13 +62,22 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def log_tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a log file, or a note that it is empty."""
+def log_tail(path: Path, lines: int = 15, start: int = 0) -> str:
+    """The last lines of a log file from byte `start` on, or a note that there are none."""
     try:
-        text = Path(path).read_text(errors="replace").strip().splitlines()
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace").strip().splitlines()
     except OSError:
         return "(no log)"
     return "\n".join(text[-lines:]) or "(empty log)"
+
+
+def _size(path: Path) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0
 
 
 class ChildProcess:
@@ -157,6 +166,7 @@ class LocalCluster:
         self.holder: subprocess.Popen | None = None
         self.isolated = False
         self.dead_workers: set[int] = set()
+        self.log_starts: dict[str, int] = {}  # each log's size when the current run began
         self.inbox: queue.Queue = queue.Queue()
         self.dir = None
         self.startup_s = None
@@ -278,7 +288,10 @@ class LocalCluster:
         detail = ""
         if name is not None and name in self.procs:
             proc = self.procs[name]
-            detail = f"\n--- last lines of {proc.log_path} ---\n{log_tail(proc.log_path)}"
+            # a process serves many runs: show only what it logged during this one
+            start = self.log_starts.get(name, 0)
+            detail = (f"\n--- last lines of {proc.log_path}"
+                      f"{' (this run)' if start else ''} ---\n{log_tail(proc.log_path, start=start)}")
         self.stop()
         raise ClusterError(what + detail)
 
@@ -339,6 +352,7 @@ class LocalCluster:
         if missing:
             raise ValueError(f"workers {missing} are dead or do not exist; live workers: {live}")
         pids = {w: self.procs[f"worker:{w}"].pid for w in cfg.worker_ids}
+        self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
         for name, proc in self.procs.items():
             if proc.died() is None:
                 proc.send({"cmd": "run", "config": str(cfg_path), "worker_pids": pids})
