@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 
+from helpers.cluster import netns
 from helpers.cluster.launcher import child_setup, free_ports
 from helpers.cluster.node import die_with_parent
 
@@ -106,15 +106,6 @@ def drive(port: int) -> None:
             proc.stdout.close()
 
 
-def isolation_available() -> bool:
-    """True when an unprivileged user + network namespace can be created here."""
-    if not sys.platform.startswith("linux") or not shutil.which("unshare"):
-        return False
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"],
-                           capture_output=True)
-    return probe.returncode == 0
-
-
 def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     """Run the whole demo in fresh processes and return what each process reported.
 
@@ -126,39 +117,37 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     Raises:
         RuntimeError: when a process fails or the demo times out (with its error output).
     """
-    if isolate is None:
-        isolate = isolation_available()
-    if isolate:
-        port = 2222  # a private namespace has every port free
-        prefix = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
-                  'ip link set lo up && exec "$0" "$@"']
-    else:
-        port = free_ports(1)[0]
-        prefix = []
-    cmd = prefix + [sys.executable, "-m", "helpers.psdemo", "drive", "--port", str(port),
-                    "--parent-pid", str(os.getpid())]
-    driver = subprocess.Popen(cmd, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, preexec_fn=child_setup)
+    network = netns.PrivateNetwork("auto" if isolate is None else isolate, "The PS demo")
+    isolated = network.start().isolated
+    # in a private namespace every port is free; outside, ask the kernel for one
+    port = 2222 if isolated else free_ports(1)[0]
+    cmd = network.prefix + [sys.executable, "-m", "helpers.psdemo", "drive", "--port", str(port),
+                            "--parent-pid", str(os.getpid())]
     try:
-        out, err = driver.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and its children share a group
-        out, err = driver.communicate()
-        raise RuntimeError(f"the PS demo took more than {timeout:.0f} s and was ended:\n"
-                           f"{err[-2000:]}")
-    finally:
+        driver = subprocess.Popen(cmd, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True, preexec_fn=child_setup)
         try:
-            os.killpg(driver.pid, signal.SIGKILL)  # anything left of the group
-        except ProcessLookupError:
-            pass
-        if driver.poll() is None:
-            driver.wait()
+            out, err = driver.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(driver.pid, signal.SIGKILL)  # the driver and its children share a group
+            out, err = driver.communicate()
+            raise RuntimeError(f"the PS demo took more than {timeout:.0f} s and was ended:\n"
+                               f"{err[-2000:]}")
+        finally:
+            try:
+                os.killpg(driver.pid, signal.SIGKILL)  # anything left of the group
+            except ProcessLookupError:
+                pass
+            if driver.poll() is None:
+                driver.wait()
+    finally:
+        network.stop()
     if driver.returncode != 0:
         raise RuntimeError(f"the PS demo failed (exit code {driver.returncode}):\n{err[-3000:]}")
     reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     for r in reports:
-        r["isolated"] = isolate
+        r["isolated"] = isolated
     return reports
 
 

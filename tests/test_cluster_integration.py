@@ -14,12 +14,13 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import psutil
 import pytest
 
 from helpers import compression
-from helpers.cluster import ClusterError, LocalCluster, protocol
+from helpers.cluster import ClusterError, LocalCluster, netns, protocol
 from helpers.cluster.launcher import log_tail
 
 STEPS = 150
@@ -158,13 +159,7 @@ def test_isolated_cluster_listens_on_no_host_port(cluster):
                     "cluster runs unisolated (LocalCluster warned about it)")
     port = int(json.loads((cluster.dir / "cluster.json").read_text())["ps"][0].rsplit(":")[1])
     # inside the namespace the PS listens on that port ...
-    inside = subprocess.run(["nsenter", f"--target={cluster.holder.pid}", "--user", "--net",
-                             "--preserve-credentials", "cat", "/proc/net/tcp", "/proc/net/tcp6"],
-                            capture_output=True, text=True, timeout=30)
-    listening_inside = {int(line.split()[1].rsplit(":")[1], 16)
-                        for line in inside.stdout.splitlines()[1:]
-                        if len(line.split()) > 3 and line.split()[3] == "0A"}
-    assert port in listening_inside
+    assert port in cluster.network.listening_ports()
     # ... while the host namespace has no listening socket of any cluster process
     cluster_pids = set(cluster.pids.values())
     host = [c for c in psutil.net_connections(kind="inet")
@@ -176,13 +171,14 @@ def test_isolated_cluster_listens_on_no_host_port(cluster):
 
 def test_not_permitted_isolation_warns_once_or_raises(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no unshare/nsenter to be found
-    import helpers.cluster.launcher as launcher
-
-    monkeypatch.setattr(launcher, "_WARNED", False)
+    monkeypatch.setattr(netns, "_WARNED", False)
     with pytest.warns(RuntimeWarning, match="listen on ALL network interfaces"):
-        assert LocalCluster(1, isolate="auto")._enter_namespace() == []
-    with pytest.raises(ClusterError, match="isolate=True but"):
-        LocalCluster(1, isolate=True)._enter_namespace()
+        assert netns.PrivateNetwork("auto").start().prefix == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once is enough: the second cluster is quiet
+        assert not netns.PrivateNetwork("auto").start().isolated
+    with pytest.raises(ClusterError, match="isolate=True but unshare, nsenter, ip not found"):
+        LocalCluster(1, isolate=True).start()
 
 
 def test_async_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
@@ -263,7 +259,7 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
             c.train(mode="sync", **dict(COMMON, steps=10**6))
     gone = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
                              timeout=10)[1] == []
-    assert gone and c.procs == {} and c.holder is None
+    assert gone and c.procs == {} and not c.isolated
     ev = run.events
     resumed_at = ev[(ev.kind == "resume")].version.iloc[-1]
     assert resumed_at == 30
@@ -304,7 +300,7 @@ ORPHAN_SCRIPT = textwrap.dedent("""
     import json, sys
     from helpers.cluster import LocalCluster
     c = LocalCluster(workers=1, isolate="auto").start()
-    pids = list(c.pids.values()) + ([c.holder.pid] if c.holder else [])
+    pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
     print(json.dumps(pids), flush=True)
     sys.stdin.read()  # wait to be killed
 """)
@@ -337,25 +333,9 @@ def test_no_survivors_when_the_launcher_is_sigkilled(shared_data):
         parent.stdout.close()
 
 
-def _can_make_namespaces() -> str | None:
-    """None when unprivileged user + network namespaces work here, else the reason."""
-    import shutil
-
-    if not sys.platform.startswith("linux"):
-        return "network namespaces exist on Linux only"
-    missing = [t for t in ("unshare", "nsenter", "ip") if shutil.which(t) is None]
-    if missing:
-        return f"missing tools: {missing}"
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "ip", "link", "set",
-                            "lo", "up"], capture_output=True, text=True, timeout=30)
-    if probe.returncode:
-        return f"unprivileged user namespaces are not permitted: {probe.stderr.strip()}"
-    return None
-
-
 def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
     """worker_timeout: a standalone PS whose worker never comes fails with a clear error."""
-    reason = _can_make_namespaces()
+    reason = netns.unavailable_reason()
     if reason:  # the PS listens on all interfaces: keep it inside a private namespace
         pytest.skip(reason)
     (tmp_path / "cluster.json").write_text(json.dumps(
@@ -378,7 +358,7 @@ def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
 
 def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_data):
     """Two network namespaces stand in for two machines; the nodes run standalone."""
-    reason = _can_make_namespaces()
+    reason = netns.unavailable_reason()
     if reason:
         pytest.skip(reason)
     procs = []

@@ -1,11 +1,13 @@
 """The TF_CONFIG launcher: real processes, real MultiWorkerMirroredStrategy, nothing left behind."""
 import json
+import socket
+import time
 
 import psutil
 import pytest
 
 from helpers import strategies
-from helpers.cluster import tfconfig
+from helpers.cluster import netns, tfconfig
 
 
 def _alive(pids):
@@ -87,3 +89,26 @@ def test_batch_must_split_evenly_over_the_workers():
            "runs": [{"batch_size": 128}]}
     with pytest.raises(ValueError, match="batch_size 128 must be divisible by the 3 workers"):
         tfconfig.TFConfigCluster({"worker": 3}, job)
+
+
+def test_isolated_tf_config_cluster_listens_on_no_host_port():
+    """TF's servers bind to every interface: inside the private namespace that is only lo."""
+    if netns.unavailable_reason():
+        pytest.skip(f"no private network namespace here: {netns.unavailable_reason()}")
+    cluster = tfconfig.TFConfigCluster({"worker": 1, "ps": 1}, {"kind": "server"},
+                                       servers=("ps",), timeout=60, isolate=True)
+    with cluster:
+        ports = {int(a.rsplit(":", 1)[1]) for addrs in cluster.cluster.values() for a in addrs}
+        deadline = time.monotonic() + 60
+        while not ports <= cluster.network.listening_ports():  # the servers are starting
+            assert time.monotonic() < deadline, "the TF servers never listened"
+            time.sleep(0.5)
+        pids = set(cluster.pids.values())
+        host = [c for c in psutil.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.pid in pids]
+        assert host == []
+        for port in ports:
+            with socket.socket() as s:
+                assert s.connect_ex(("127.0.0.1", port)) != 0
+        holder = cluster.network.pid
+    assert not _alive(list(pids) + [holder])

@@ -7,23 +7,20 @@ import itertools
 import json
 import os
 import queue
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import warnings
 import weakref
 from pathlib import Path
 
 from helpers import config
-from helpers.cluster import protocol
+from helpers.cluster import netns, protocol
 from helpers.cluster.events import read_events
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
-_WARNED = False
 _COUNTER = itertools.count()
 
 
@@ -163,8 +160,7 @@ class LocalCluster:
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
         self.name = name or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
         self.procs: dict[str, ChildProcess] = {}
-        self.holder: subprocess.Popen | None = None
-        self.isolated = False
+        self.network = netns.PrivateNetwork(isolate, "Cluster")
         self.dead_workers: set[int] = set()
         self.log_starts: dict[str, int] = {}  # each log's size when the current run began
         self.inbox: queue.Queue = queue.Queue()
@@ -180,57 +176,15 @@ class LocalCluster:
         self.stop()
         return False
 
-    def _enter_namespace(self) -> list[str]:
-        """Start the namespace holder; return the command prefix that joins it, or []."""
-        global _WARNED
-        reason = None
-        if self.isolate is False:
-            return []
-        if not sys.platform.startswith("linux") or not (shutil.which("unshare")
-                                                        and shutil.which("nsenter")):
-            reason = "unshare/nsenter are not available on this system"
-        else:
-            self.holder = subprocess.Popen(
-                ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
-                 "ip link set lo up && echo ready && exec cat"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=child_setup)
-            line = self.holder.stdout.readline()
-            if line.strip() != b"ready":
-                err = self.holder.stderr.read().decode(errors="replace").strip()
-                self._stop_holder()
-                reason = f"unprivileged user namespaces are not permitted here ({err})"
-        if reason is None:
-            self.isolated = True
-            return ["nsenter", f"--target={self.holder.pid}", "--user", "--net",
-                    "--preserve-credentials"]
-        if self.isolate is True:
-            raise ClusterError(f"isolate=True but {reason}")
-        if not _WARNED:
-            warnings.warn(f"Cluster not isolated: {reason}. TensorFlow's gRPC servers listen on "
-                          "ALL network interfaces without authentication, so other machines "
-                          "on your network can reach these ports while the cluster runs.",
-                          RuntimeWarning, stacklevel=3)
-            _WARNED = True
-        return []
-
-    def _stop_holder(self):
-        if self.holder is not None:
-            try:
-                os.killpg(self.holder.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.holder.wait()
-            for f in (self.holder.stdin, self.holder.stdout, self.holder.stderr):
-                f.close()
-            self.holder = None
-
     def start(self) -> "LocalCluster":
         """Start every process and block until all report ready; raise with a log tail if not."""
         t0 = time.perf_counter()
         _LIVE.add(self)
         try:
-            prefix = self._enter_namespace()
+            try:
+                prefix = self.network.start().prefix
+            except netns.IsolationError as exc:
+                raise ClusterError(str(exc)) from None
             self.dir = config.runs_dir(self.name)
             host = "localhost"
             ports = [2222] if self.isolated else free_ports(1)
@@ -271,7 +225,7 @@ class LocalCluster:
         for proc in self.procs.values():
             proc.kill()
         self.procs.clear()
-        self._stop_holder()
+        self.network.stop()
         _LIVE.discard(self)
 
     @property
@@ -427,18 +381,14 @@ class LocalCluster:
             run.loopback_bytes = lo_after - lo_before
         return run
 
+    @property
+    def isolated(self) -> bool:
+        """True when the processes run in a private network namespace (see netns)."""
+        return self.network.isolated
+
     def loopback_bytes(self) -> int | None:
         """Bytes sent over the private namespace's loopback so far (None when not isolated)."""
-        if self.holder is None:
-            return None
-        try:
-            for line in Path(f"/proc/{self.holder.pid}/net/dev").read_text().splitlines():
-                name, _, fields = line.partition(":")
-                if name.strip() == "lo":
-                    return int(fields.split()[8])  # transmitted bytes
-        except OSError:
-            return None
-        return None
+        return self.network.loopback_bytes()
 
 
 def _is_stopped(pid: int) -> bool:

@@ -12,15 +12,14 @@ import os
 import queue
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from helpers import config
+from helpers.cluster import netns
 from helpers.cluster.launcher import ChildProcess, free_ports, log_tail
 
 ROLES = ("chief", "worker", "ps")
 _COUNTER = itertools.count()
-_WARNED = False
 
 
 class TFConfigError(RuntimeError):
@@ -58,12 +57,15 @@ class TFConfigCluster:
         servers: task types that only serve (never finish on their own); they are ended
             once every other task is done.
         timeout: seconds to wait for the job before ending every process.
+        isolate: "auto" runs every task in a private network namespace when the OS allows it
+            (warning once when not), True insists, False never isolates (see netns.py).
     Raises:
         ValueError: for bad roles or timeout, before any process starts.
     """
 
     def __init__(self, roles: dict, job: dict, servers=(), timeout: float = 600.0,
-                 name: str | None = None, module: str = "helpers.strategies"):
+                 name: str | None = None, module: str = "helpers.strategies",
+                 isolate="auto"):
         self.cluster = cluster_spec(roles)
         if module == "helpers.strategies":
             from helpers.strategies import validate
@@ -79,6 +81,7 @@ class TFConfigCluster:
         self.dir: Path | None = None
         self.procs: dict[str, ChildProcess] = {}
         self.inbox: queue.Queue = queue.Queue()
+        self.network = netns.PrivateNetwork(isolate, "TF_CONFIG cluster")
 
     def __enter__(self):
         return self.start()
@@ -94,12 +97,10 @@ class TFConfigCluster:
 
     def start(self) -> "TFConfigCluster":
         """Start one process per task (returns at once; the tasks find each other)."""
-        global _WARNED
-        if not _WARNED:
-            warnings.warn("TF_CONFIG clusters are not isolated: TensorFlow's gRPC servers listen "
-                          "on ALL network interfaces without authentication while the job runs "
-                          "(see notebook 07).", RuntimeWarning, stacklevel=2)
-            _WARNED = True
+        try:
+            prefix = self.network.start().prefix  # only loopback inside, when possible
+        except netns.IsolationError as exc:
+            raise TFConfigError(str(exc)) from None
         self.dir = config.runs_dir("tfconfig", self.name)
         files = {}
         for kind, job in (("job", self.job), ("server", {"kind": "server"})):
@@ -111,7 +112,7 @@ class TFConfigCluster:
                 for index in range(len(addresses)):
                     name = f"{role}:{index}"
                     job_file = files["server" if role in self.servers else "job"]
-                    cmd = [sys.executable, "-m", self.module, str(job_file)]
+                    cmd = prefix + [sys.executable, "-m", self.module, str(job_file)]
                     self.procs[name] = ChildProcess(name, cmd, dict(env, TF_CONFIG=tf_config(
                         self.cluster, role, index)), self.dir / f"{role}-{index}.log", self.inbox)
         except BaseException:
@@ -155,9 +156,11 @@ class TFConfigCluster:
         for proc in self.procs.values():
             proc.kill()
         self.procs.clear()
+        self.network.stop()
 
 
-def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | None = None):
+def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | None = None,
+        isolate="auto"):
     """Start a cluster, run `job`, end every process; return (results, resources, wall seconds).
 
     `resources` maps task name -> {"cpu_percent", "peak_rss_mb"} sampled with psutil.
@@ -165,7 +168,7 @@ def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | 
     from helpers.resources import ResourceMonitor
 
     t0 = time.perf_counter()
-    with TFConfigCluster(roles, job, servers, timeout, name) as cluster:
+    with TFConfigCluster(roles, job, servers, timeout, name, isolate=isolate) as cluster:
         names = {pid: n for n, pid in cluster.pids.items()}
         with ResourceMonitor(list(names), interval=0.5) as monitor:
             results = cluster.wait()
