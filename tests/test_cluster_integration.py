@@ -206,7 +206,7 @@ def test_log_tail_reads_from_where_the_run_began(tmp_path):
     assert log_tail(log, start=start) == "this run: line 1\nthis run: line 2"
     assert log_tail(log, lines=1) == "this run: line 2"
     assert log_tail(tmp_path / "missing.log") == "(no log)"
-    assert log_tail(log, start=log.stat().st_size) == "(empty log)"
+    assert log_tail(log, start=log.stat().st_size) == "(nothing logged during this run)"
 
 
 def test_bad_config_raises_before_anything_starts():

@@ -67,7 +67,7 @@ def log_tail(path: Path, lines: int = 15, start: int = 0) -> str:
             text = f.read().decode(errors="replace").strip().splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(text[-lines:]) or "(empty log)"
+    return "\n".join(text[-lines:]) or ("(nothing logged during this run)" if start else "(empty log)")
 
 
 def _size(path: Path) -> int:
