@@ -96,9 +96,9 @@ class Node:
                                            capacity=100_000, shared_name=f"{prefix}tokens{w}")
                            for w in range(n_tasks)],
                 "done": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
-                                        capacity=1000, shared_name=prefix + "done"),
+                                        capacity=max(4, 2 * cfg.workers), shared_name=prefix + "done"),
                 "join": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
-                                        capacity=1000, shared_name=prefix + "join"),
+                                        capacity=max(4, 2 * cfg.workers), shared_name=prefix + "join"),
                 "ckpt": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
                                         capacity=100_000, shared_name=prefix + "ckpt"),
             }
@@ -145,6 +145,33 @@ class Node:
                 pass
 
 
+def apply_update(var_handles, version_handle, grads_list, weights, lr, momentum=0.0,
+                 velocity_handles=()):
+    """One PS update: SGD (or momentum) with the weighted sum of the pushed gradients.
+
+    var <- var - lr * sum_j weights[j] * grads_list[j] (with momentum m: v <- m v + g,
+    var <- var - lr v), then version += 1. Eager raw ops, not a tf.function: in a process
+    serving a cluster a tf.function call cost ~1.4 ms per update, these ops ~0.3 ms.
+    """
+    import tensorflow as tf
+
+    raw = tf.raw_ops
+    if weights == [1.0]:
+        grads = grads_list[0]
+    else:
+        grads = [tf.add_n([w * g[i] for w, g in zip(weights, grads_list)])
+                 for i in range(len(grads_list[0]))]
+    lr = tf.constant(lr, tf.float32)
+    if momentum:
+        m = tf.constant(momentum, tf.float32)
+        for h, g, v in zip(var_handles, grads, velocity_handles):
+            raw.ResourceApplyMomentum(var=h, accum=v, lr=lr, grad=g, momentum=m)
+    else:
+        for h, g in zip(var_handles, grads):
+            raw.ResourceApplyGradientDescent(var=h, alpha=lr, delta=g)
+    raw.AssignAddVariableOp(resource=version_handle, value=tf.constant(1, tf.int64))
+
+
 class PSLoop:
     """Hold the parameters, apply pushes by the rules of the mode, hand out step tokens."""
 
@@ -169,11 +196,11 @@ class PSLoop:
 
         comp = compression.from_spec(cfg.compress)
         shapes = [tuple(v.shape) for v in model.trainable_variables]
+        # eager ops, like apply_update: cheaper here than calling a tf.function
         self.decode = (None if cfg.compress in (None, "float32")
-                       else tf.function(lambda wire: comp.decode(wire, shapes)))
+                       else lambda wire: comp.decode(wire, shapes))
         self.version = 0
         self.last_ckpt = None
-        self._build_apply()
 
     # ----------------------------------------------------------- helpers
     def _init_vars(self):
@@ -200,33 +227,10 @@ class PSLoop:
         raw.QueueEnqueueV2(handle=self.res["tokens"][worker],
                            components=[tf.constant([a, b], tf.int64)])
 
-    def _build_apply(self):
-        """Compile the SGD(+momentum) update and the weighted sum of several pushes."""
-        tf, raw, res, velocity = self.tf, self.tf.raw_ops, self.res, self.velocity
-        momentum = float(self.cfg.momentum)
-
-        @tf.function
-        def apply(grads, lr):
-            for h, g, vel in zip(res["vars"], grads, velocity):
-                if momentum:
-                    vel.assign(momentum * vel + g)
-                    g = vel.read_value()
-                raw.AssignSubVariableOp(resource=h, value=lr * g)
-            raw.AssignAddVariableOp(resource=res["version"], value=tf.constant(1, tf.int64))
-
-        @tf.function
-        def combine(grads_list, weights):
-            return [tf.add_n([weights[j] * grads[i] for j, grads in enumerate(grads_list)])
-                    for i in range(len(grads_list[0]))]
-
-        self.apply_fn, self.combine_fn = apply, combine
-
     def _apply(self, grads_list, weights):
-        tf = self.tf
         lr = self.protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
-        grads = grads_list[0] if weights == [1.0] else self.combine_fn(
-            grads_list, tf.constant(weights, tf.float32))
-        self.apply_fn(list(grads), tf.constant(lr, tf.float32))
+        apply_update(self.res["vars"], self.res["version"], grads_list, weights, lr,
+                     self.cfg.momentum, [v.handle for v in self.velocity])
         self.version += 1
         return lr
 
@@ -502,6 +506,35 @@ class EvaluatorLoop:
         return {"evaluated": evaluated}
 
 
+def pack(tensors):
+    """One flat tensor from tensors of one dtype (a single tensor is only flattened)."""
+    import tensorflow as tf
+
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+
+
+def pack_by_dtype(tensors):
+    """[(positions, flat tensor)] per dtype, in order of first appearance."""
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    return [(idx, pack([tensors[i] for i in idx])) for idx in groups.values()]
+
+
+def unpack(packed, shapes):
+    """Inverse of pack (one flat tensor) or pack_by_dtype: the tensors, reshaped, in order."""
+    import tensorflow as tf
+
+    if not isinstance(packed[0], tuple):
+        packed = [(list(range(len(shapes))), packed[0])]
+    out = [None] * len(shapes)
+    for idx, flat in packed:
+        sizes = [int(np.prod(shapes[i])) for i in idx]
+        for i, part in zip(idx, tf.split(flat, sizes)):
+            out[i] = tf.reshape(part, shapes[i])
+    return out
+
+
 class WorkerLoop:
     """Pull parameters, compute a gradient on a local batch, push it; wait when the mode says."""
 
@@ -537,16 +570,22 @@ class WorkerLoop:
         ps, task, n_push = self.node.ps, self.node.task, cfg.n_push
         local_lr = cfg.lr
         comp, residual = self.comp, self.residual
+        here = self.acc[0].device  # this worker's CPU (acc: local tf.Variables)
+        # every tensor crossing between devices is its own RPC, so a pull or a push sends one
+        # flat tensor per dtype (LeNet: 2 transfers instead of 10 + 1) and unpacks it there
+        push_shapes = [(4,)] + [s for _, s in res["wire"]]
 
         @tf.function
         def step(x, y, local_step, fetch: bool, push: bool):
             if fetch:
                 with tf.device(ps):
-                    values = [raw.ReadVariableOp(resource=h, dtype=tf.float32)
-                              for h in res["vars"]]
+                    packed = pack([raw.ReadVariableOp(resource=h, dtype=tf.float32)
+                                   for h in res["vars"]])
                     version = raw.ReadVariableOp(resource=res["version"], dtype=tf.int64)
-                for var, value, shape in zip(variables, values, shapes):
-                    var.assign(tf.ensure_shape(value, shape))
+                with tf.device(here):
+                    values = unpack([packed], shapes)
+                for var, value in zip(variables, values):
+                    var.assign(value)
                 self.version_read.assign(version)
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
@@ -566,8 +605,11 @@ class WorkerLoop:
                 if residual is not None:
                     for r, g, sent in zip(residual, send, comp.decode(wire, shapes)):
                         r.assign(g - sent)
+                with tf.device(here):
+                    packed = pack_by_dtype([meta] + wire)
                 with tf.device(ps):
-                    raw.QueueEnqueueV2(handle=res["grads"], components=[meta] + wire)
+                    raw.QueueEnqueueV2(handle=res["grads"],
+                                       components=unpack(packed, push_shapes))
                 for a in self.acc:
                     a.assign(tf.zeros_like(a))
             return loss, self.version_read.read_value()

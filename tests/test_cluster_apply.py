@@ -1,0 +1,48 @@
+"""The PS's update rule (node.apply_update) against NumPy: SGD and momentum, one push or a
+weighted sum of several, on local TF variables (no cluster needed)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers.cluster.node import apply_update, pack, pack_by_dtype, unpack
+
+
+def handles(values):
+    return [tf.Variable(v) for v in values]
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_apply_update_matches_the_formula_over_several_steps(momentum):
+    rng = np.random.default_rng(0)
+    w = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(3,)).astype(np.float32)]
+    params, version = handles(w), tf.Variable(tf.constant(0, tf.int64))
+    velocity = handles([np.zeros_like(x) for x in w])
+    ref, ref_v = [x.copy() for x in w], [np.zeros_like(x) for x in w]
+    for step in range(5):
+        pushes = [[rng.normal(size=x.shape).astype(np.float32) for x in w] for _ in range(3)]
+        weights = [1.0] if step == 0 else [0.5, 0.3, 0.2]
+        pushes = pushes[:len(weights)]
+        apply_update([p.handle for p in params], version.handle,
+                     [[tf.constant(g) for g in push] for push in pushes], weights, 0.1, momentum,
+                     [v.handle for v in velocity])
+        for i in range(len(w)):
+            g = sum(wt * push[i] for wt, push in zip(weights, pushes))
+            ref_v[i] = momentum * ref_v[i] + g if momentum else g
+            ref[i] = ref[i] - 0.1 * ref_v[i]
+    for p, r in zip(params, ref):
+        np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-6)
+    assert int(version.numpy()) == 5
+
+
+def test_pack_and_unpack_round_trip_mixed_dtypes():
+    tensors = [tf.constant([1, 2, 3, 4], tf.int64), tf.ones((2, 3)), tf.constant([7, 8], tf.int32),
+               tf.fill((5,), 2.5)]
+    shapes = [tuple(t.shape) for t in tensors]
+    packed = pack_by_dtype(tensors)
+    assert len(packed) == 3  # one flat tensor per dtype crosses the wire
+    for a, b in zip(unpack(packed, shapes), tensors):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    flat = pack([tensors[1], tensors[3]])
+    assert flat.shape == (11,)
+    np.testing.assert_array_equal(unpack([flat], [(2, 3), (5,)])[1].numpy(), tensors[3].numpy())
