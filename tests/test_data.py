@@ -95,6 +95,20 @@ def test_mirror_as_url(cache, shared_data, server, monkeypatch):
     assert leftovers(cache) == ["mnist.npz"]
 
 
+def test_mnist_rows_stream_exactly_the_rows_asked_for(cache, shared_data, monkeypatch):
+    monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    (x_train, _), (x_test, _) = data.load_mnist()
+    rows = np.random.default_rng(0).permutation(60000)[:3000]
+    rows = np.concatenate([rows, [rows[0], 59999, 0]])  # repeats and both ends, any order
+    np.testing.assert_array_equal(data.load_mnist_rows("train", rows), x_train[rows])
+    np.testing.assert_array_equal(data.load_mnist_rows("test", [9999, 3]), x_test[[9999, 3]])
+    assert data.load_mnist_rows("test", []).shape == (0, 28, 28)
+    with pytest.raises(ValueError, match=r"rows must be in \[0, 10000\), got 0..10000"):
+        data.load_mnist_rows("test", [0, 10000])
+    with pytest.raises(ValueError, match="split must be 'train' or 'test', got 'dev'"):
+        data.load_mnist_rows("dev", [0])
+
+
 def test_mirror_that_is_neither_url_nor_folder_is_refused(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(tmp_path / "no-such-folder"))
     with pytest.raises(data.DataError, match="neither an http.s. URL nor an existing folder"):

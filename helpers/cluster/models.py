@@ -20,23 +20,26 @@ def load_part(data: str, train_size: int | None, test_size: int | None, seed: in
     so a process never holds a float32 copy of data it does not use. `classes` is counted
     on all labels, so every process builds the same model.
     """
-    if data == "mnist":
-        from helpers.data import load_mnist
+    if data == "mnist":  # stream just the rows needed out of the compressed file
+        from helpers.data import fetch, load_mnist_rows
 
-        (x_tr, y_tr), (x_te, y_te) = load_mnist()
-        scale = 1 / 255.0
+        with np.load(fetch("mnist")) as f:
+            y_tr, y_te = f["y_train"], f["y_test"]
+        rows, scale = load_mnist_rows, 1 / 255.0
     else:
         with np.load(data) as f:
-            x_tr, y_tr, x_te, y_te = (f[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-        scale = 1.0
+            x_all = {"train": f["x_train"], "test": f["x_test"]}
+            y_tr, y_te = f["y_train"], f["y_test"]
+        rows, scale = (lambda split, idx: x_all[split][idx]), 1.0
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(x_tr))[: train_size or len(x_tr)]
+    order = rng.permutation(len(y_tr))[: train_size or len(y_tr)]
     y_te = y_te[: test_size or len(y_te)]
     classes = int(max(y_tr[order].max(), y_te.max())) + 1
     index, count = shard
     order = order[index::count]
-    x_tr = x_tr[order] if "train" in images else None  # copies: the full arrays can go
-    x_te = x_te[: len(y_te)].copy() if "test" in images else None
+    x_tr = rows("train", order) if "train" in images else None
+    x_te = rows("test", np.arange(len(y_te))) if "test" in images else None
+    x_all = None  # (features file) the full arrays can go
 
     def as_float(x):
         if x is None:
