@@ -232,7 +232,12 @@ def test_killed_ps_fails_fast_naming_it(cluster):
 
 
 def interrupt_when_training(c):
-    """Raise KeyboardInterrupt in the main thread once the next run has logged a step."""
+    """Raise KeyboardInterrupt in the main thread once the next run has logged a step.
+
+    interrupt_main() simulates SIGINT, which does nothing if SIGINT is ignored, as it is in
+    a process started in the background by a non-interactive shell: the caller installs
+    Python's default handler for the duration (see the test).
+    """
     def watch():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -250,13 +255,18 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
     ckpt = cluster.dir.parent / run_id / "ckpt"
     assert json.loads((ckpt / "latest.json").read_text())["version"] == 30
     assert not list(ckpt.glob(".*tmp*")), "a half-written checkpoint was left behind"
-    with pytest.raises(KeyboardInterrupt):
-        with LocalCluster(workers=1, isolate="auto", evaluator=True) as c:
-            run = c.train(mode="async", run_id=run_id, resume=True, checkpoint_every=40,
-                          **COMMON)
-            pids = list(c.pids.values())
-            interrupt_when_training(c)  # a Jupyter kernel interrupt during a run
-            c.train(mode="sync", **dict(COMMON, steps=10**6))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with LocalCluster(workers=1, isolate="auto", evaluator=True) as c:
+                run = c.train(mode="async", run_id=run_id, resume=True, checkpoint_every=40,
+                              **COMMON)
+                pids = list(c.pids.values())
+                interrupt_when_training(c)  # a Jupyter kernel interrupt during a run
+                # bounded, so that a lost interrupt fails the test instead of hanging it
+                c.train(mode="sync", **dict(COMMON, steps=20_000))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     gone = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
                              timeout=10)[1] == []
     assert gone and c.procs == {} and not c.isolated

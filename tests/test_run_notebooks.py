@@ -17,6 +17,11 @@ def notebook(path: Path, source: str) -> None:
     nbformat.write(nb, str(path))
 
 
+def _sigint_default():
+    """A shell's background job inherits SIGINT ignored; a terminal's Ctrl-C does not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_reports_interrupted_and_leaves_no_kernel(tmp_path):
     pid_file = tmp_path / "kernel.pid"
     notebook(tmp_path / "01_sleeps.ipynb",
@@ -25,7 +30,7 @@ def test_ctrl_c_reports_interrupted_and_leaves_no_kernel(tmp_path):
     runner = subprocess.Popen(
         [sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "--dir", str(tmp_path),
          "--out", str(tmp_path / "build")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        text=True, preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 60
         while not pid_file.exists() or not pid_file.read_text():
