@@ -39,7 +39,7 @@ def load_part(data: str, train_size: int | None, test_size: int | None, seed: in
     order = order[index::count]
     x_tr = rows("train", order) if "train" in images else None
     x_te = rows("test", np.arange(len(y_te))) if "test" in images else None
-    x_all = None  # (features file) the full arrays can go
+    rows = x_all = None  # a features file: its full arrays go now, only the subsets stay
 
     def as_float(x):
         if x is None:
