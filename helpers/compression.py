@@ -61,20 +61,29 @@ class Compressor:
         """Payload of one push for tensors of these shapes."""
         return sum(ITEMSIZE[d] * math.prod(s) for d, s in self.wire_spec(shapes))
 
+    def compress(self, grads, residual=None):
+        """The wire tensors for these gradients, with error feedback when given a residual.
+
+        `residual` (tf.Variables shaped like the gradients) holds what earlier pushes did not
+        send: it is added before encoding, then set to what this push leaves out.
+        """
+        if residual is None:
+            return self.encode(grads)
+        grads = [g + r for g, r in zip(grads, residual)]
+        wire = self.encode(grads)
+        sent = self.decode(wire, [tuple(g.shape) for g in grads])
+        for r, g, s in zip(residual, grads, sent):
+            r.assign(g - s)
+        return wire
+
     def __call__(self, grads):
-        """encode + decode in one process: the gradients the PS would apply."""
+        """compress + decode in one process: the gradients the PS would apply."""
         import tensorflow as tf
 
-        shapes = [tuple(g.shape) for g in grads]
-        if self.feedback:
-            if getattr(self, "residual", None) is None:
-                self.residual = [tf.Variable(tf.zeros_like(g), trainable=False) for g in grads]
-            grads = [g + r for g, r in zip(grads, self.residual)]
-        sent = self.decode(self.encode(grads), shapes)
-        if self.feedback:
-            for r, g, s in zip(self.residual, grads, sent):
-                r.assign(g - s)
-        return sent
+        if self.feedback and getattr(self, "residual", None) is None:
+            self.residual = [tf.Variable(tf.zeros_like(g), trainable=False) for g in grads]
+        wire = self.compress(grads, self.residual if self.feedback else None)
+        return self.decode(wire, [tuple(g.shape) for g in grads])
 
 
 class Float32(Compressor):

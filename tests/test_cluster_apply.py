@@ -45,4 +45,5 @@ def test_pack_and_unpack_round_trip_mixed_dtypes():
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     flat = pack([tensors[1], tensors[3]])
     assert flat.shape == (11,)
-    np.testing.assert_array_equal(unpack([flat], [(2, 3), (5,)])[1].numpy(), tensors[3].numpy())
+    np.testing.assert_array_equal(unpack([([0, 1], flat)], [(2, 3), (5,)])[1].numpy(),
+                                  tensors[3].numpy())

@@ -96,9 +96,9 @@ class Node:
                                            capacity=100_000, shared_name=f"{prefix}tokens{w}")
                            for w in range(n_tasks)],
                 "done": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
-                                        capacity=max(4, 2 * cfg.workers), shared_name=prefix + "done"),
+                                        capacity=1000, shared_name=prefix + "done"),
                 "join": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
-                                        capacity=max(4, 2 * cfg.workers), shared_name=prefix + "join"),
+                                        capacity=1000, shared_name=prefix + "join"),
                 "ckpt": raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]],
                                         capacity=100_000, shared_name=prefix + "ckpt"),
             }
@@ -194,11 +194,8 @@ class PSLoop:
         self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
         from helpers import compression
 
-        comp = compression.from_spec(cfg.compress)
-        shapes = [tuple(v.shape) for v in model.trainable_variables]
-        # eager ops, like apply_update: cheaper here than calling a tf.function
-        self.decode = (None if cfg.compress in (None, "float32")
-                       else lambda wire: comp.decode(wire, shapes))
+        self.comp = compression.from_spec(cfg.compress)  # decodes pushes, eagerly (cheap)
+        self.shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.version = 0
         self.last_ckpt = None
 
@@ -388,7 +385,7 @@ class PSLoop:
             if kind == DEAD:
                 self._on_dead(worker, agg)
                 continue
-            grads = comps[1:] if self.decode is None else self.decode(comps[1:])
+            grads = self.comp.decode(comps[1:], self.shapes)
             push = protocol.Push(worker, step, version_read)
             if agg is None:  # async and ssp apply every push at once
                 stale = protocol.staleness(version_read, self.version)
@@ -507,7 +504,7 @@ class EvaluatorLoop:
 
 
 def pack(tensors):
-    """One flat tensor from tensors of one dtype (a single tensor is only flattened)."""
+    """One flat tensor from tensors of one dtype."""
     import tensorflow as tf
 
     return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
@@ -522,11 +519,9 @@ def pack_by_dtype(tensors):
 
 
 def unpack(packed, shapes):
-    """Inverse of pack (one flat tensor) or pack_by_dtype: the tensors, reshaped, in order."""
+    """Inverse of pack_by_dtype: the tensors of these shapes, in their original order."""
     import tensorflow as tf
 
-    if not isinstance(packed[0], tuple):
-        packed = [(list(range(len(shapes))), packed[0])]
     out = [None] * len(shapes)
     for idx, flat in packed:
         sizes = [int(np.prod(shapes[i])) for i in idx]
@@ -579,11 +574,11 @@ class WorkerLoop:
         def step(x, y, local_step, fetch: bool, push: bool):
             if fetch:
                 with tf.device(ps):
-                    packed = pack([raw.ReadVariableOp(resource=h, dtype=tf.float32)
-                                   for h in res["vars"]])
+                    packed = pack_by_dtype([raw.ReadVariableOp(resource=h, dtype=tf.float32)
+                                            for h in res["vars"]])
                     version = raw.ReadVariableOp(resource=res["version"], dtype=tf.int64)
                 with tf.device(here):
-                    values = unpack([packed], shapes)
+                    values = unpack(packed, shapes)
                 for var, value in zip(variables, values):
                     var.assign(value)
                 self.version_read.assign(version)
@@ -598,13 +593,8 @@ class WorkerLoop:
             if push:
                 meta = tf.stack([tf.constant(task, tf.int64), local_step, self.version_read,
                                  tf.constant(GRAD, tf.int64)])
-                send = [a / n_push for a in self.acc]
-                if residual is not None:
-                    send = [g + r for g, r in zip(send, residual)]
-                wire = comp.encode(send)  # on this worker: only `wire` goes to the PS
-                if residual is not None:
-                    for r, g, sent in zip(residual, send, comp.decode(wire, shapes)):
-                        r.assign(g - sent)
+                # compressed on this worker: only `wire` goes to the PS
+                wire = comp.compress([a / n_push for a in self.acc], residual)
                 with tf.device(here):
                     packed = pack_by_dtype([meta] + wire)
                 with tf.device(ps):
