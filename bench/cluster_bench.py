@@ -8,44 +8,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
 
-from helpers import config  # noqa: E402
-from helpers.cluster import LocalCluster, models  # noqa: E402
+from helpers import config, runlogs  # noqa: E402
+from helpers.cluster import LocalCluster  # noqa: E402
 
 TARGET_ACCURACY = 0.82
 REPEATS = 3
 
 
 def one_process(model_name: str, steps: int, batch: int = 64, lr: float = 0.1) -> float:
-    """Steps/s of plain SGD in this process, no cluster: the baseline."""
-    import keras
-    import tensorflow as tf
-
-    x, y, _, _ = models.load_arrays("mnist", 6000, 100, 0)
-    model = models.build(model_name, x.shape[1:], 10, 0)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables)):
-            v.assign_sub(lr * g)
-        return loss
-
-    rng = np.random.default_rng(0)
-    batches = [rng.integers(0, len(x), batch) for _ in range(steps)]
-    step(x[batches[0]], y[batches[0]])  # trace
-    t0 = time.perf_counter()
-    for idx in batches:
-        step(x[idx], y[idx])
-    return steps / (time.perf_counter() - t0)
+    """Steps/s of plain SGD in this process, no cluster: the baseline (runlogs' trainer)."""
+    return runlogs.one_process(model_name, "mnist", steps, batch, lr, train_size=6000,
+                               test_size=100)["steps_per_s"]
 
 
 def time_to_target(run) -> float:

@@ -151,8 +151,6 @@ class LocalCluster:
                  name: str | None = None):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-        if isolate not in ("auto", True, False):
-            raise ValueError(f"isolate must be 'auto', True or False, got {isolate!r}")
         for label, value in (("start_timeout", start_timeout), ("stall_timeout", stall_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
@@ -160,7 +158,7 @@ class LocalCluster:
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
         self.name = name or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
         self.procs: dict[str, ChildProcess] = {}
-        self.network = netns.PrivateNetwork(isolate, "Cluster")
+        self.network = netns.PrivateNetwork(isolate, "Cluster")  # validates `isolate`
         self.dead_workers: set[int] = set()
         self.log_starts: dict[str, int] = {}  # each log's size when the current run began
         self.inbox: queue.Queue = queue.Queue()

@@ -31,13 +31,21 @@ class IsolationError(RuntimeError):
     """isolate=True, but this machine cannot make a private network namespace."""
 
 
-def unavailable_reason() -> str | None:
-    """None when private network namespaces work here, else why not (one short probe)."""
+def _tools_missing() -> str | None:
+    """Why namespaces cannot even be tried here (platform, tools), else None."""
     if not sys.platform.startswith("linux"):
         return "network namespaces exist on Linux only"
     missing = [t for t in ("unshare", "nsenter", "ip") if shutil.which(t) is None]
     if missing:
         return f"{', '.join(missing)} not found on PATH"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """None when private network namespaces work here, else why not (one short probe)."""
+    reason = _tools_missing()
+    if reason:
+        return reason
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "ip", "link", "set",
                             "lo", "up"], capture_output=True, text=True, timeout=30)
     if probe.returncode:
@@ -84,7 +92,7 @@ class PrivateNetwork:
         global _WARNED
         if self.isolate is False or self.holder is not None:
             return self
-        reason = unavailable_reason()
+        reason = _tools_missing()  # the holder itself is the probe: no second namespace
         if reason is None:
             from helpers.cluster.launcher import child_setup
 
@@ -96,7 +104,7 @@ class PrivateNetwork:
             if self.holder.stdout.readline().strip() != b"ready":
                 err = self.holder.stderr.read().decode(errors="replace").strip()
                 self.stop()
-                reason = f"the namespace did not start ({err})"
+                reason = f"unprivileged user namespaces are not permitted here ({err})"
         if reason is None:
             return self
         if self.isolate is True:
