@@ -1,0 +1,217 @@
+"""Train LeNet under MirroredStrategy, one configuration per child process.
+
+Notebook 04 compares many (replicas, batch, learning rate) configurations. Trained one after
+another in the kernel, they crashed TensorFlow 2.21's runtime now and then (SIGSEGV in a
+compute thread, which kills the kernel and the lesson with it; see
+bench/mirrored_crash_repro.py). Here every configuration runs in its own process
+(`python -m helpers.mirrored job.json`): it sets up exactly the devices it needs, trains,
+measures its own CPU% and peak memory, and prints one JSON line. A process killed by a signal
+costs one configuration: it is reported and run once more. The process plumbing (dying with
+the parent, one process group, log tails) is the cluster engine's.
+
+What the lesson is about, the strategy and its scope, is `train` below: short enough to read
+with `mirrored.train??`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import re
+import signal
+import sys
+import time
+
+from helpers import config
+
+EVALUATE = ("epoch", "end")
+
+
+class MirroredRunError(RuntimeError):
+    """A configuration's process failed twice, or timed out."""
+
+
+def device_kind() -> str:
+    """"GPU" when TF sees two or more GPUs (one replica each), else "CPU" (logical devices)."""
+    import tensorflow as tf
+
+    return "GPU" if len(tf.config.list_physical_devices("GPU")) >= 2 else "CPU"
+
+
+def configure_devices(count: int) -> list[str]:
+    """Make `count` devices for replicas and return their names (call before any TF op).
+
+    With two or more GPUs: the first `count` GPUs. Otherwise the CPU split into `count`
+    logical devices: they share the same cores, so they show the mechanics, not a speed-up.
+    """
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= 2:
+        if count > len(gpus):
+            raise ValueError(f"{count} replicas asked for, but only {len(gpus)} GPUs are visible: "
+                             f"use at most {len(gpus)}")
+        tf.config.set_visible_devices(gpus[:count], "GPU")
+        return [d.name for d in tf.config.list_logical_devices("GPU")]
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def strategy_over(devices: list[str]):
+    """A MirroredStrategy with one replica per device.
+
+    GPUs use the default all-reduce (NCCL). Logical CPUs reduce onto the first device: the
+    default collective all-reduce assigns group keys per strategy, and a second strategy over
+    another number of CPU devices in the same process clashes with the first.
+    """
+    import tensorflow as tf
+
+    if "GPU" in devices[0].upper():
+        return tf.distribute.MirroredStrategy(devices)
+    return tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0]))
+
+
+def round_batch(batch: int, replicas: int) -> int:
+    """The global batch rounded up to a multiple of the replicas (equal shares per replica)."""
+    return math.ceil(batch / replicas) * replicas
+
+
+def job(replicas: int, optimizer, batches, n: int, evaluate: str = "end", test_size: int = 10_000,
+        seed: int = 42, warmup: bool = True) -> dict:
+    """Describe one configuration as a JSON-able dict, checking every value first.
+
+    Args:
+        replicas: number of devices the model is mirrored on (>= 1).
+        optimizer: a Keras optimizer (its config, schedule included, goes to the child).
+        batches: the global batch size of each epoch (rounded up to a multiple of replicas).
+        n: examples per epoch (the largest multiple of the batch that fits is used).
+        evaluate: "epoch" to test after every epoch, "end" to test once at the end.
+        test_size: test examples to evaluate on.
+        seed: seeds the weights and the shuffling.
+        warmup: fit two untimed batches first, so tracing the step function is not timed.
+    Raises:
+        ValueError: naming the bad value.
+    """
+    import keras
+
+    for name, value in (("replicas", replicas), ("n", n), ("test_size", test_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    batches = list(batches)
+    if not batches or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= n
+                          for b in batches):
+        raise ValueError(f"batches must list one batch size per epoch, each from 1 to n={n}, "
+                         f"got {batches!r}")
+    if evaluate not in EVALUATE:
+        raise ValueError(f"evaluate must be one of {EVALUATE}, got {evaluate!r}")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"optimizer must be a Keras optimizer, got {optimizer!r}")
+    return {"replicas": replicas, "optimizer": keras.optimizers.serialize(optimizer),
+            "batches": [round_batch(b, replicas) for b in batches], "n": n,
+            "evaluate": evaluate, "test_size": test_size, "seed": seed, "warmup": warmup}
+
+
+def train(spec: dict) -> dict:
+    """Run one configuration in this process; return its timings, accuracies and resource use."""
+    strategy = strategy_over(configure_devices(spec["replicas"]))  # before any other TF op
+    import keras
+
+    from helpers.cluster.models import build, load_arrays
+    from helpers.resources import ResourceMonitor
+
+    config.set_seed(spec["seed"])
+    x, y, xt, yt = load_arrays("mnist", spec["n"], spec["test_size"], spec["seed"])  # only these rows
+    x, xt = x[..., None], xt[..., None]
+    with strategy.scope():  # variables and optimizer slots: one copy per replica
+        model = build("lenet", (28, 28, 1), 10, spec["seed"])
+        model.compile(optimizer=keras.optimizers.deserialize(spec["optimizer"]),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    batches = spec["batches"]
+    if spec["warmup"]:
+        model.fit(x[:2 * batches[0]], y[:2 * batches[0]], batch_size=batches[0], verbose=0)
+    out = {"replicas": strategy.num_replicas_in_sync,
+           "devices": list(strategy.extended.worker_devices), "pid": os.getpid(),
+           "batch": batches, "examples": [], "epoch_s": [], "test_acc": []}
+    with ResourceMonitor(interval=0.2) as monitor:
+        for epoch, batch in enumerate(batches):
+            m = (spec["n"] // batch) * batch
+            t0 = time.perf_counter()
+            model.fit(x[:m], y[:m], batch_size=batch, epochs=epoch + 1, initial_epoch=epoch,
+                      shuffle=True, verbose=0)
+            out["epoch_s"].append(time.perf_counter() - t0)
+            out["examples"].append(m)
+            if spec["evaluate"] == "epoch" or epoch == len(batches) - 1:
+                out["test_acc"].append(float(model.evaluate(xt, yt, batch_size=1000, verbose=0)[1]))
+    return {**out, **monitor.summary()[os.getpid()]}
+
+
+def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirrored") -> dict:
+    """Run one configuration (a `job(...)` dict) in a child process; return its result.
+
+    A child killed by a signal (a TF runtime crash) is reported on stdout and run again, up to
+    `retries` more times; the result's "attempts" says how many it took.
+
+    Raises:
+        MirroredRunError: the last attempt failed, or one ran past `timeout` seconds; the
+            message has the signal or exit code and the tail of the child's log.
+    """
+    from helpers.cluster.launcher import ChildProcess, log_tail
+
+    folder = config.runs_dir("mirrored")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+    job_file = folder / f"{name}-{os.getpid()}.json"
+    job_file.write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for attempt in range(1, retries + 2):
+        inbox: queue.Queue = queue.Queue()
+        log = folder / f"{name}-{os.getpid()}-{attempt}.log"
+        child = ChildProcess(name, [sys.executable, "-m", "helpers.mirrored", str(job_file)],
+                             dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox)
+        try:
+            result = _wait(child, inbox, timeout)
+        finally:
+            child.kill()  # by PID, also on Ctrl-C
+        if isinstance(result, dict):
+            return {**result, "attempts": attempt}
+        if "timed out" in result or attempt > retries:
+            raise MirroredRunError(f"{name}: the child process {result} (attempt {attempt} of "
+                                   f"{retries + 1})\n--- last lines of {log} ---\n{log_tail(log)}")
+        print(f"{name}: the child process {result}; running it once more", flush=True)
+
+
+def _wait(child, inbox: queue.Queue, timeout: float):
+    """The child's result dict, or a string saying how it ended without one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, msg = inbox.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if msg.get("event") == "done":
+            return msg["result"]
+        if msg.get("event") == "eof":  # stdout closed: the process is ending
+            child.popen.wait()
+            return child.died()
+    return f"timed out after {timeout:.0f} s"
+
+
+def _inject_fault(spec: dict) -> None:
+    """Kill this process with the signal the job names, on the attempts it names (for tests)."""
+    fault = spec.get("fault")
+    if fault and int(os.environ.get("LABS_MIRRORED_ATTEMPT", "1")) in fault["attempts"]:
+        os.kill(os.getpid(), getattr(signal, fault["signal"]))
+
+
+def main(argv: list[str]) -> None:
+    spec = json.loads(open(argv[0]).read())
+    _inject_fault(spec)
+    print(json.dumps({"event": "done", "result": train(spec)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
