@@ -92,8 +92,12 @@ def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batc
     x_train, y_train = tensors["train"]
     n = int(x_train.shape[0])
     variables = (model.w, model.b)
+    # Signatures with a free batch dimension: one trace serves every batch and every split
+    # (the last, smaller batch and dev/test would otherwise each trace again).
+    batch_x = tf.TensorSpec([None, x_train.shape[1]], tf.float32)
+    batch_y = tf.TensorSpec([None], tf.int64)
 
-    @tf.function
+    @tf.function(input_signature=[batch_y, tf.TensorSpec([], tf.int64)])
     def sgd_step(idx, step):
         with tf.device(model.device):
             lr = tf.cast(schedule(step), tf.float32)
@@ -104,7 +108,7 @@ def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batc
                 var.assign_sub(lr * grad)
         return loss, lr
 
-    @tf.function
+    @tf.function(input_signature=[batch_x, batch_y])
     def evaluate(x, y):
         with tf.device(model.device):
             _, loss = model.losses(x, y)

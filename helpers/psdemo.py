@@ -64,8 +64,7 @@ def _say(**msg) -> None:
 
 def _start(args: list[str]) -> subprocess.Popen:
     """Start `python -m helpers.psdemo ARGS` in this process group, dying with its parent."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen([sys.executable, "-m", "helpers.psdemo", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "helpers.psdemo", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
                             preexec_fn=child_setup)
 
@@ -124,8 +123,7 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     cmd = network.prefix + [sys.executable, "-m", "helpers.psdemo", "drive", "--port", str(port),
                             "--parent-pid", str(os.getpid())]
     try:
-        driver = subprocess.Popen(cmd, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True, preexec_fn=child_setup)
         try:
             out, err = driver.communicate(timeout=timeout)

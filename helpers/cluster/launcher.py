@@ -189,7 +189,7 @@ class LocalCluster:
             spec = {"ps": [f"{host}:{ports[0]}"]}
             (self.dir / "cluster.json").write_text(json.dumps(spec))
             env = dict(os.environ, TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false",
-                       TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+                       PYTHONUNBUFFERED="1",
                        MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"))
             jobs = [("ps", 0)] + [("worker", i) for i in range(self.workers)]
             jobs += [("evaluator", 0)] if self.evaluator else []

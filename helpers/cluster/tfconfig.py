@@ -106,7 +106,7 @@ class TFConfigCluster:
         for kind, job in (("job", self.job), ("server", {"kind": "server"})):
             files[kind] = self.dir / f"{kind}.json"
             files[kind].write_text(json.dumps(job))
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         try:
             for role, addresses in self.cluster.items():
                 for index in range(len(addresses)):
