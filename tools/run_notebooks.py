@@ -1,6 +1,8 @@
 """Execute every notebook in order and write executed copies (.ipynb + .html) to build/.
 
-Ends with a table of notebook, status and wall time; exits 1 if any notebook failed.
+While a notebook runs, a progress bar shows its cells done, the section it is in and the
+elapsed time. Ends with a table of notebook, status and wall time; exits 1 if any notebook
+failed, 130 if interrupted (Ctrl-C).
 """
 from __future__ import annotations
 
@@ -8,20 +10,52 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import helpers  # noqa: E402,F401  (sets the kernels' TF log level: they inherit os.environ)
 import nbformat  # noqa: E402
+from jupyter_client.manager import KernelManager  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # noqa: E402
 from nbconvert import HTMLExporter  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+from traitlets import CaselessStrEnum, default  # noqa: E402
 
-from tools.notebooks import NOTEBOOK_DIR, notebook_paths, read  # noqa: E402
+from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
 BUILD = Path(__file__).resolve().parent.parent / "build"
+
+
+class IPCKernelManager(KernelManager):
+    """A kernel reached over IPC sockets: no TCP port, so nothing on the network and no
+    "Kernel is running over TCP without encryption" warning from ipykernel."""
+
+    transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc")
+
+    @default("ip")
+    def _ip_default(self):
+        # absolute: the kernel runs in the notebook's folder, the client here; jupyter_client
+        # removes the socket files when the kernel shuts down
+        return os.path.join(tempfile.gettempdir(), f"labs-kernel-{uuid.uuid4().hex}-ipc")
+
+
+class LessonClient(NotebookClient):
+    """nbclient that also remembers which widgets were closed while the notebook ran."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.closed_widgets: set[str] = set()
+
+    def handle_comm_msg(self, outs, msg, cell_index):
+        if msg["msg_type"] == "comm_close":  # e.g. a tqdm bar with leave=False
+            self.closed_widgets.add(msg["content"]["comm_id"])
+        super().handle_comm_msg(outs, msg, cell_index)
 
 
 def interrupted(client: NotebookClient) -> bool:
@@ -29,11 +63,31 @@ def interrupted(client: NotebookClient) -> bool:
     return getattr(client, "_async_cleanup_kernel_future", None) is not None
 
 
-def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[str, float, str]:
+def progress_hooks(bar: tqdm) -> dict:
+    """nbclient hooks that move `bar` one step per code cell and show the current section."""
+    def on_cell_start(cell, cell_index):
+        if cell.cell_type == "markdown":
+            heading = next((l.lstrip("#").strip() for l in cell.source.splitlines()
+                            if l.startswith("## ")), None)
+            if heading:
+                bar.set_postfix_str(heading[:50])
+
+    def on_cell_executed(cell, cell_index, execute_reply):
+        bar.update(1)
+
+    return {"on_cell_start": on_cell_start, "on_cell_executed": on_cell_executed}
+
+
+def run_one(path: Path, out_dir: Path, timeout: int, show_progress: bool = True
+            ) -> tuple[str, float, str]:
     """Execute one notebook; write its executed copy and HTML; return (status, seconds, error)."""
     nb = read(path)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    n_code = sum(c.cell_type == "code" and bool(c.source.strip()) for c in nb.cells)
+    bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not show_progress,
+               bar_format="{desc}: {n}/{total} cells [{elapsed}]{postfix}", file=sys.stdout)
+    client = LessonClient(nb, timeout=timeout, kernel_name="python3",
+                          kernel_manager_class=IPCKernelManager,
+                          resources={"metadata": {"path": str(path.parent)}}, **progress_hooks(bar))
     t0 = time.perf_counter()
     status, error = "ok", ""
     try:
@@ -45,9 +99,12 @@ def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[str, float, str]:
         # own cleanup (AssertionError "self.km is not None") or reports a dead kernel.
         if not interrupted(client):
             raise
+    finally:
+        bar.close()
     if interrupted(client):
         status, error = "INTERRUPTED", "interrupted by the user (Ctrl-C)"
     seconds = time.perf_counter() - t0
+    freeze_widgets(nb, client.closed_widgets)
     nbformat.write(nb, str(out_dir / path.name))
     html, _ = HTMLExporter().from_notebook_node(nb)
     (out_dir / path.with_suffix(".html").name).write_text(html, encoding="utf-8")
@@ -55,7 +112,7 @@ def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[str, float, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     parser.add_argument("--quick", action="store_true", help="set LABS_QUICK=1 for the kernels")
     parser.add_argument("--only", default="", help="run only notebooks whose name contains this")
@@ -68,8 +125,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     paths = [p for p in notebook_paths(args.dir) if args.only in p.name]
     results = []
-    for path in paths:
-        print(f"running {path.name} ({mode} mode) ...", flush=True)
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.name} ({mode} mode)", flush=True)
         status, seconds, error = run_one(path, args.out, args.timeout)
         results.append((path.name, status, seconds, error))
         print(f"  {status} in {seconds:.0f} s {error}", flush=True)
