@@ -32,6 +32,7 @@ def trial(rounds: int, n: int) -> None:
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 4)
     import keras
 
+    from helpers.cluster.models import build
     from helpers.data import load_mnist
 
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
@@ -44,16 +45,7 @@ def trial(rounds: int, n: int) -> None:
 
     def fit(replicas, optimizer, batch):
         with strategies[replicas].scope():
-            model = keras.Sequential([
-                keras.Input((28, 28, 1)),
-                keras.layers.Conv2D(6, 5, padding="same", activation="relu"),
-                keras.layers.MaxPooling2D(),
-                keras.layers.Conv2D(16, 5, activation="relu"),
-                keras.layers.MaxPooling2D(),
-                keras.layers.Flatten(),
-                keras.layers.Dense(120, activation="relu"),
-                keras.layers.Dense(84, activation="relu"),
-                keras.layers.Dense(10)])
+            model = build("lenet", (28, 28, 1), 10, seed=0)
             model.compile(optimizer=optimizer(), metrics=["accuracy"],
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
