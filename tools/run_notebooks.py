@@ -10,39 +10,22 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import helpers  # noqa: E402,F401  (sets the kernels' TF log level: they inherit os.environ)
 import nbformat  # noqa: E402
-from jupyter_client.manager import KernelManager  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # noqa: E402
 from nbconvert import HTMLExporter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-from traitlets import CaselessStrEnum, default  # noqa: E402
 
 from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
 BUILD = Path(__file__).resolve().parent.parent / "build"
-
-
-class IPCKernelManager(KernelManager):
-    """A kernel reached over IPC sockets: no TCP port, so nothing on the network and no
-    "Kernel is running over TCP without encryption" warning from ipykernel."""
-
-    transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc")
-
-    @default("ip")
-    def _ip_default(self):
-        # absolute: the kernel runs in the notebook's folder, the client here; jupyter_client
-        # removes the socket files when the kernel shuts down
-        return os.path.join(tempfile.gettempdir(), f"labs-kernel-{uuid.uuid4().hex}-ipc")
 
 
 class LessonClient(NotebookClient):
@@ -86,7 +69,6 @@ def run_one(path: Path, out_dir: Path, timeout: int, show_progress: bool = True
     bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not show_progress,
                bar_format="{desc}: {n}/{total} cells [{elapsed}]{postfix}", file=sys.stdout)
     client = LessonClient(nb, timeout=timeout, kernel_name="python3",
-                          kernel_manager_class=IPCKernelManager,
                           resources={"metadata": {"path": str(path.parent)}}, **progress_hooks(bar))
     t0 = time.perf_counter()
     status, error = "ok", ""
