@@ -39,6 +39,13 @@ def device_kind() -> str:
     return "GPU" if len(tf.config.list_physical_devices("GPU")) >= 2 else "CPU"
 
 
+def max_replicas(wanted: int) -> int:
+    """How many of `wanted` replicas this machine gives: one per GPU, or any number of CPUs."""
+    import tensorflow as tf
+
+    return min(wanted, len(tf.config.list_physical_devices("GPU"))) if device_kind() == "GPU" else wanted
+
+
 def configure_devices(count: int) -> list[str]:
     """Make `count` devices for replicas and return their names (call before any TF op).
 
@@ -47,12 +54,12 @@ def configure_devices(count: int) -> list[str]:
     """
     import tensorflow as tf
 
-    gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) >= 2:
-        if count > len(gpus):
-            raise ValueError(f"{count} replicas asked for, but only {len(gpus)} GPUs are visible: "
-                             f"use at most {len(gpus)}")
-        tf.config.set_visible_devices(gpus[:count], "GPU")
+    if device_kind() == "GPU":
+        available = max_replicas(count)
+        if count > available:
+            raise ValueError(f"{count} replicas asked for, but only {available} GPUs are visible: "
+                             f"use at most {available}")
+        tf.config.set_visible_devices(tf.config.list_physical_devices("GPU")[:count], "GPU")
         return [d.name for d in tf.config.list_logical_devices("GPU")]
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0],

@@ -80,8 +80,8 @@ def widget_text(state: dict, model_id: str) -> str:
     return ""
 
 
-def freeze_widgets(nb, closed=frozenset()) -> int:
-    """Replace each widget output by the text of its final state; return how many were replaced.
+def freeze_widgets(nb, closed=frozenset()) -> None:
+    """Replace each widget output by the text of its final state.
 
     An executed copy then shows where every progress bar ended (e.g. '40/40'), readable
     without a widget manager or network access. A widget closed while the notebook ran (a
@@ -89,13 +89,12 @@ def freeze_widgets(nb, closed=frozenset()) -> int:
     The stored widget state is dropped too.
     """
     store = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
-    state, replaced = store.get("state", {}), 0
+    state = store.get("state", {})
     for cell in nb.cells:
         outputs = []
         for out in cell.get("outputs", []):
             view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
             if view is not None:
-                replaced += 1
                 if view.get("model_id") in closed or view.get("model_id") not in state:
                     continue
                 text = widget_text(state, view["model_id"]) or "(a widget)"
@@ -106,4 +105,3 @@ def freeze_widgets(nb, closed=frozenset()) -> int:
         if cell.cell_type == "code":
             cell.outputs = outputs
     nb.metadata.pop("widgets", None)
-    return replaced
