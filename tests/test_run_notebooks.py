@@ -47,6 +47,7 @@ def test_ctrl_c_reports_interrupted_and_leaves_no_kernel(tmp_path):
     assert runner.returncode == 130, out
     assert "| 01_sleeps.ipynb | INTERRUPTED |" in out and "02_never_runs" not in out, out
     assert "Traceback" not in out.split("| notebook |")[-1]
+    assert "without encryption" not in out  # the kernel's sockets use provisioned Curve keys
     assert (tmp_path / "build" / "01_sleeps.html").exists()  # the partial copy is kept
     deadline = time.monotonic() + 10
     while psutil.pid_exists(kernel) and psutil.Process(kernel).status() != psutil.STATUS_ZOMBIE:

@@ -21,6 +21,7 @@ from nbclient import NotebookClient  # noqa: E402
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # noqa: E402
 from nbconvert import HTMLExporter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
+from traitlets.config import Config  # noqa: E402
 
 from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read  # noqa: E402
 
@@ -68,7 +69,10 @@ def run_one(path: Path, out_dir: Path, timeout: int, show_progress: bool = True
     n_code = sum(c.cell_type == "code" and bool(c.source.strip()) for c in nb.cells)
     bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not show_progress,
                bar_format="{desc}: {n}/{total} cells [{elapsed}]{postfix}", file=sys.stdout)
-    client = LessonClient(nb, timeout=timeout, kernel_name="python3",
+    # CurveZMQ keys provisioned by the kernel manager: the kernel's sockets are encrypted, and
+    # ipykernel no longer warns that it runs over TCP without encryption.
+    client = LessonClient(nb, timeout=timeout, kernel_name="python3", config=Config(
+                              {"KernelManager": {"transport_encryption": "required"}}),
                           resources={"metadata": {"path": str(path.parent)}}, **progress_hooks(bar))
     t0 = time.perf_counter()
     status, error = "ok", ""
