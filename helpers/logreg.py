@@ -61,6 +61,16 @@ class History:
         return self.epoch[key][-1]
 
 
+def sgd_update(model: SoftmaxRegression, x, y, lr):
+    """One SGD step on a batch: theta <- theta - lr * gradient of the regularised loss."""
+    variables = (model.w, model.b)
+    with tf.GradientTape() as tape:
+        _, loss = model.losses(x, y)
+    for var, grad in zip(variables, tape.gradient(loss, variables)):
+        var.assign_sub(lr * grad)
+    return loss
+
+
 def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batch_size: int,
           seed: int = 0, log_dir: Path | str | None = None, progress: bool = True) -> History:
     """Train `model` with mini-batch SGD, theta <- theta - lr(step) * grad, and record it all.
@@ -91,7 +101,6 @@ def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batc
                    for s, (x, y) in splits.items()}
     x_train, y_train = tensors["train"]
     n = int(x_train.shape[0])
-    variables = (model.w, model.b)
     # Signatures with a free batch dimension: one trace serves every batch and every split
     # (the last, smaller batch and dev/test would otherwise each trace again).
     batch_x = tf.TensorSpec([None, x_train.shape[1]], tf.float32)
@@ -101,11 +110,7 @@ def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batc
     def sgd_step(idx, step):
         with tf.device(model.device):
             lr = tf.cast(schedule(step), tf.float32)
-            xb, yb = tf.gather(x_train, idx), tf.gather(y_train, idx)
-            with tf.GradientTape() as tape:
-                _, loss = model.losses(xb, yb)
-            for var, grad in zip(variables, tape.gradient(loss, variables)):
-                var.assign_sub(lr * grad)
+            loss = sgd_update(model, tf.gather(x_train, idx), tf.gather(y_train, idx), lr)
         return loss, lr
 
     @tf.function(input_signature=[batch_x, batch_y])
