@@ -27,15 +27,6 @@ def one_process(model_name: str, steps: int, batch: int = 64, lr: float = 0.1) -
                                test_size=100)["steps_per_s"]
 
 
-def time_to_target(run) -> float:
-    """Seconds from the run's start until a checkpoint reached TARGET_ACCURACY (nan if never)."""
-    ev = run.events
-    start = ev[ev.kind == "joined"].t.iloc[-1]
-    ckpt_t = dict(zip(ev[ev.kind == "checkpoint"].version, ev[ev.kind == "checkpoint"].t))
-    hits = ev[(ev.kind == "eval") & (ev.test_accuracy >= TARGET_ACCURACY)]
-    return float(ckpt_t[hits.version.min()] - start) if len(hits) else float("nan")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
@@ -83,7 +74,8 @@ def main() -> None:
             for mode, kw in (("sync", {}), ("backup", {"k": 2, "stale": "drop"})):
                 run = c.train(mode=mode, steps=300 if not args.quick else 150, lr=0.2,
                               stragglers={2: 3.0}, checkpoint_every=5, **kw, **common)
-                times[mode].append(time_to_target(run))
+                times[mode].append(runlogs.time_to_accuracy(runlogs.eval_curve(run),
+                                                            TARGET_ACCURACY))
         tt = {mode: float(np.median(t)) for mode, t in times.items()}
         out["time_to_target_s"] = tt
         out["time_to_target_runs_s"] = times

@@ -32,7 +32,7 @@ def trial(rounds: int, n: int) -> None:
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 4)
     import keras
 
-    from helpers.cluster.models import build
+    from helpers.models import build
     from helpers.data import load_mnist
 
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     if args.trial:
         trial(args.rounds, args.n)
         return 0
-    from helpers.cluster.launcher import child_setup
+    from helpers.processes import child_setup
 
     out = ROOT / "runs" / "bench" / "mirrored_crash.json"
     out.parent.mkdir(parents=True, exist_ok=True)

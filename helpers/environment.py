@@ -5,7 +5,7 @@ import importlib.metadata as md
 import platform
 import sys
 
-from helpers import config, data
+from helpers import config, downloads
 
 PACKAGES = ["tensorflow", "tensorflow-cpu", "keras", "gensim", "scikit-learn", "numpy",
             "pandas", "matplotlib", "ipywidgets", "psutil", "nbval"]
@@ -32,7 +32,7 @@ def report():
     rows.append(("TF devices", ", ".join(d.name.replace("/physical_device:", "") for d in devices)))
     rows.append(("GPU", "yes" if tf.config.list_physical_devices("GPU") else
                  "none visible: training runs on the CPU"))
-    rows += [(f"dataset {k}", v) for k, v in data.available().items()]
+    rows += [(f"dataset {k}", v) for k, v in downloads.available().items()]
     rows.append(("quick mode", "on (LABS_QUICK)" if config.is_quick() else "off: full lessons"))
     rows.append(("data cache", str(config.data_dir())))
     rows.append(("run outputs", str(config.runs_dir(create=False))))

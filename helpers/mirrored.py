@@ -7,7 +7,7 @@ bench/mirrored_crash_repro.py). Here every configuration runs in its own process
 (`python -m helpers.mirrored job.json`): it sets up exactly the devices it needs, trains,
 measures its own CPU% and peak memory, and prints one JSON line. A process killed by a signal
 costs one configuration: it is reported and run once more. The process plumbing (dying with
-the parent, one process group, log tails) is the cluster engine's.
+the parent, one process group, log tails) is helpers/processes.py.
 
 What the lesson is about, the strategy and its scope, is `train` below: short enough to read
 with `mirrored.train??`.
@@ -127,11 +127,11 @@ def train(spec: dict) -> dict:
     strategy = strategy_over(configure_devices(spec["replicas"]))  # before any other TF op
     import keras
 
-    from helpers.cluster.models import build, load_arrays
+    from helpers.models import build, load_arrays
     from helpers.resources import ResourceMonitor
 
     config.set_seed(spec["seed"])
-    x, y, xt, yt = load_arrays("mnist", spec["n"], spec["test_size"], spec["seed"])  # only these rows
+    x, y, xt, yt, _ = load_arrays("mnist", spec["n"], spec["test_size"], spec["seed"])  # these rows
     x, xt = x[..., None], xt[..., None]
     with strategy.scope():  # variables and optimizer slots: one copy per replica
         model = build("lenet", (28, 28, 1), 10, spec["seed"])
@@ -167,7 +167,7 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
         MirroredRunError: the last attempt failed, or one ran past `timeout` seconds; the
             message has the signal or exit code and the tail of the child's log.
     """
-    from helpers.cluster.launcher import ChildProcess, log_tail
+    from helpers.processes import ChildProcess, NoResult, log_tail, wait_for_results
 
     folder = config.runs_dir("mirrored")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
@@ -180,31 +180,16 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
         child = ChildProcess(name, [sys.executable, "-m", "helpers.mirrored", str(job_file)],
                              dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox)
         try:
-            result = _wait(child, inbox, timeout)
+            result = wait_for_results({name: child}, inbox, [name], timeout)[name]
+            return {**result, "attempts": attempt}
+        except NoResult as exc:
+            how = exc.how
         finally:
             child.kill()  # by PID, also on Ctrl-C
-        if isinstance(result, dict):
-            return {**result, "attempts": attempt}
-        if "timed out" in result or attempt > retries:
-            raise MirroredRunError(f"{name}: the child process {result} (attempt {attempt} of "
+        if how.startswith("timed out") or attempt > retries:
+            raise MirroredRunError(f"{name}: the child process {how} (attempt {attempt} of "
                                    f"{retries + 1})\n--- last lines of {log} ---\n{log_tail(log)}")
-        print(f"{name}: the child process {result}; running it once more", flush=True)
-
-
-def _wait(child, inbox: queue.Queue, timeout: float):
-    """The child's result dict, or a string saying how it ended without one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            _, msg = inbox.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if msg.get("event") == "done":
-            return msg["result"]
-        if msg.get("event") == "eof":  # stdout closed: the process is ending
-            child.popen.wait()
-            return child.died()
-    return f"timed out after {timeout:.0f} s"
+        print(f"{name}: the child process {how}; running it once more", flush=True)
 
 
 def _inject_fault(spec: dict) -> None:

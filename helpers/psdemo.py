@@ -15,8 +15,7 @@ import subprocess
 import sys
 
 from helpers.cluster import netns
-from helpers.cluster.launcher import child_setup, free_ports
-from helpers.cluster.node import die_with_parent
+from helpers.processes import child_setup, die_with_parent, free_ports
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
 MAILBOX = "demo/mailbox"  # shared_name of a PS queue of messages

@@ -113,14 +113,14 @@ def test_curve(run) -> pd.DataFrame:
     Needs a run trained with checkpoint_every > 0. The checkpoints are evaluated here, in
     this process, on the run's own test set, after the run.
     """
-    from helpers.cluster import models
+    from helpers import models
 
     cfg = run.config
     ev = run.events
     ckpts = ev[ev.kind == "checkpoint"]
     if not len(ckpts):
         raise ValueError(f"run {cfg.run_id} has no checkpoints: train with checkpoint_every > 0")
-    _, _, x_te, y_te = models.load_arrays(cfg.data, 1, cfg.test_size, cfg.seed)
+    _, _, x_te, y_te, _ = models.load_arrays(cfg.data, 1, cfg.test_size, cfg.seed)
     classes = int(y_te.max()) + 1
     model = models.build(cfg.model, x_te.shape[1:], classes, cfg.seed)
     start, rows = _start_time(run), []
@@ -160,10 +160,10 @@ def one_process(model: str = "logreg", data: str = "mnist", steps: int = 200,
     import keras
     import tensorflow as tf
 
-    from helpers.cluster import models
+    from helpers import models
 
-    x_tr, y_tr, x_te, y_te = models.load_arrays(data, train_size, test_size, seed)
-    net = models.build(model, x_tr.shape[1:], int(max(y_tr.max(), y_te.max())) + 1, seed)
+    x_tr, y_tr, x_te, y_te, classes = models.load_arrays(data, train_size, test_size, seed)
+    net = models.build(model, x_tr.shape[1:], classes, seed)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     shapes = [tuple(v.shape) for v in net.trainable_variables]

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Callable, Iterable
 
 from tqdm.auto import tqdm
 
 from helpers import config as _config
+from helpers import files
 
 
 def config_key(cfg: dict) -> str:
@@ -21,17 +19,6 @@ def config_key(cfg: dict) -> str:
         raise ValueError(f"sweep config must be plain JSON (str, numbers, lists, dicts), "
                          f"got {cfg!r}: {err}") from None
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _write_atomic(path: Path, record: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, path)  # readers see the old file or the whole new one, never half
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def run_sweep(name: str, configs: Iterable[dict], run: Callable[[dict], dict],
@@ -61,7 +48,7 @@ def run_sweep(name: str, configs: Iterable[dict], run: Callable[[dict], dict],
                             "cached": True})
             continue
         result = run(cfg)
-        _write_atomic(path, {"config": cfg, "result": result})
+        files.write_json(path, {"config": cfg, "result": result})  # never half a record
         records.append({"config": cfg, "result": result, "cached": False})
     return records
 

@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -14,7 +11,7 @@ from gensim.models.callbacks import CallbackAny2Vec
 from gensim.models.doc2vec import Doc2Vec, TaggedDocument
 from gensim.utils import simple_preprocess
 
-from helpers import config, data
+from helpers import config, data, files
 
 SPLITS = ("train", "dev", "test")
 
@@ -29,19 +26,13 @@ def sample_lines(split: str, n_per_class: int | None = None, seed: int = 0) -> n
 
     Streams only the labels, as `data.load_dbpedia` would draw them.
     """
-    if n_per_class is not None and (not isinstance(n_per_class, int) or n_per_class <= 0):
-        raise ValueError(f"n_per_class must be a positive integer or None, got {n_per_class!r}")
+    data.check_n_per_class(n_per_class)  # before the file is read
     rows = [(r.line, r.label) for r in data.iter_dbpedia(split)]
     lines = np.array([line for line, _ in rows], dtype=np.int64)
     if n_per_class is None:
         return lines
     labels = np.array([label for _, label in rows], dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    keep = np.zeros(len(lines), dtype=bool)
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        keep[rng.choice(idx, size=min(n_per_class, len(idx)), replace=False)] = True
-    return lines[keep]
+    return lines[data.stratified_sample(labels, n_per_class, seed)]
 
 
 class DbpediaCorpus:
@@ -177,20 +168,13 @@ def save_features(features: dict, metadata: dict, directory: Path | None = None)
         if np.ndim(x) != 2 or np.ndim(y) != 1 or len(x) != len(y):
             raise ValueError(f"{split}: X must be 2-D and y 1-D of the same length, "
                              f"got shapes {np.shape(x)} and {np.shape(y)}")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with files.atomic_path(directory, directory=True) as tmp:
         for split, (x, y) in features.items():
             np.save(tmp / f"{split}_X.npy", np.asarray(x, dtype=np.float32))
             np.save(tmp / f"{split}_y.npy", np.asarray(y, dtype=np.int64))
         meta = dict(metadata, quick=config.is_quick(),
                     shapes={s: list(np.shape(x)) for s, (x, _) in features.items()})
         (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=_jsonable))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 

@@ -8,25 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from helpers.batches import batch_size_at, epoch_batches
-
-
-def load_mnist_flat(n_train=None, n_test=None):
-    """MNIST as float32 in [0, 1], flattened to 784, the first n_train / n_test examples."""
-    from helpers.data import load_mnist
-
-    (x_tr, y_tr), (x_te, y_te) = load_mnist()
-    flat = lambda x: (x.reshape(len(x), -1) / 255.0).astype("float32")
-    return (flat(x_tr[:n_train]), y_tr[:n_train].astype("int32")), \
-           (flat(x_te[:n_test]), y_te[:n_test].astype("int32"))
-
-
-def accuracy(model, x, y, batch_size: int = 2000) -> float:
-    """Fraction of examples whose argmax logit equals the label."""
-    hits = 0
-    for i in range(0, len(x), batch_size):
-        logits = model(x[i:i + batch_size], training=False)
-        hits += int(np.sum(np.argmax(logits, axis=1) == y[i:i + batch_size]))
-    return hits / len(x)
+from helpers.models import accuracy
 
 
 def train(model, optimizer, loss_fn, train_data, test_data, epochs: int,
@@ -71,8 +53,8 @@ def train(model, optimizer, loss_fn, train_data, test_data, epochs: int,
         if not all(math.isfinite(v) for v in losses) or abs(hist["epoch_loss"][-1]) > 1e6:
             diverged = True
             break
-        hist["train_acc"].append(accuracy(model, *train_data))
-        hist["test_acc"].append(accuracy(model, *test_data))
+        hist["train_acc"].append(accuracy(model, *train_data, batch=2000))
+        hist["test_acc"].append(accuracy(model, *test_data, batch=2000))
     hist.update(steps=len(hist["step_loss"]), seconds=time.perf_counter() - t0,
                 diverged=diverged)
     return hist

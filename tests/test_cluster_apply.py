@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers.cluster.node import apply_update, pack, pack_by_dtype, unpack
+from helpers.cluster.ps import apply_update
+from helpers.cluster.wire import pack, pack_by_dtype, unpack
 
 
 def handles(values):

@@ -22,7 +22,7 @@ import pytest
 
 from helpers import compression
 from helpers.cluster import ClusterError, LocalCluster, netns, protocol
-from helpers.cluster.launcher import log_tail
+from helpers.processes import log_tail
 
 STEPS = 150
 MIN_ACCURACY = 0.78  # logistic regression reaches ~0.85 on this subset in 150 updates

@@ -193,3 +193,31 @@ def test_validation_fills_defaults_and_round_trips():
     assert cfg.k == 2 and cfg.worker_ids == [0, 1, 2]
     again = validate(RunConfig.from_dict(cfg.to_dict()))
     assert again.to_dict() == cfg.to_dict()
+
+
+def test_event_tail_returns_each_complete_line_once(tmp_path):
+    from helpers.cluster.events import EventLog, EventTail
+
+    tail = EventTail(tmp_path)
+    assert tail.read() == []
+    log = EventLog(tmp_path, "ps-0")
+    log.write("joined", workers=[0, 1])
+    log.write("update", version=1)
+    with open(tmp_path / "worker-0.jsonl", "w") as f:
+        f.write('{"t": 1.0, "kind": "step", "step": 0}\n{"t": 2.0, "kind": "st')  # mid-write
+    first = tail.read()
+    assert [(e["source"], e["kind"]) for e in first] == [
+        ("ps-0", "joined"), ("ps-0", "update"), ("worker-0", "step")]
+    with open(tmp_path / "worker-0.jsonl", "a") as f:
+        f.write('ep", "step": 1}\n')
+    assert [(e["source"], e["step"]) for e in tail.read()] == [("worker-0", 1)]
+    assert tail.read() == []
+    log.close()
+
+
+def test_wire_header_and_token_are_the_queue_shapes():
+    from helpers.cluster import wire
+
+    assert wire.Header(worker=1, step=2, version=3, kind=wire.GRAD) == (1, 2, 3, wire.GRAD)
+    assert len(wire.Header._fields) == 4 and len(wire.Token._fields) == 2
+    assert wire.GRAD != wire.DEAD

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import data
+from helpers import data, downloads
 
-MNIST = data.DATASETS["mnist"]
+MNIST = downloads.DATASETS["mnist"]
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -76,9 +76,9 @@ def closed_port() -> int:
 
 def test_mirror_as_folder(cache, shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
-    path = data.fetch("mnist")
+    path = downloads.fetch("mnist")
     assert path == cache / "mnist.npz"
-    assert data.sha256_of(path) == MNIST.sha256
+    assert downloads.sha256_of(path) == MNIST.sha256
     assert leftovers(cache) == ["mnist.npz"]
 
 
@@ -112,7 +112,7 @@ def test_mnist_rows_stream_exactly_the_rows_asked_for(cache, shared_data, monkey
 def test_mirror_that_is_neither_url_nor_folder_is_refused(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(tmp_path / "no-such-folder"))
     with pytest.raises(data.DataError, match="neither an http.s. URL nor an existing folder"):
-        data.fetch("mnist")
+        downloads.fetch("mnist")
 
 
 # ----------------------------------------------------------------------------- failures
@@ -124,8 +124,8 @@ def test_download_with_wrong_checksum_leaves_nothing(cache, shared_data, server,
     (root / "mnist.npz").write_bytes(corrupt)
     monkeypatch.setenv("LABS_DATA_MIRROR", base)
     actual = hashlib.sha256(corrupt).hexdigest()
-    with pytest.raises(data.ChecksumError) as err:
-        data.fetch("mnist")
+    with pytest.raises(downloads.ChecksumError) as err:
+        downloads.fetch("mnist")
     assert MNIST.sha256 in str(err.value) and actual in str(err.value)
     assert "LABS_DATA_MIRROR" in str(err.value)
     assert leftovers(cache) == []
@@ -136,8 +136,8 @@ def test_corrupt_cached_file_is_rehashed_named_and_removed(cache, shared_data):
     corrupt = bytearray((shared_data / "mnist.npz").read_bytes())
     corrupt[-10] ^= 0x01
     (cache / "mnist.npz").write_bytes(corrupt)
-    with pytest.raises(data.ChecksumError) as err:
-        data.fetch("mnist")
+    with pytest.raises(downloads.ChecksumError) as err:
+        downloads.fetch("mnist")
     msg = str(err.value)
     assert MNIST.sha256 in msg and hashlib.sha256(corrupt).hexdigest() in msg
     assert "run again" in msg
@@ -149,14 +149,14 @@ def test_download_cut_short_by_server_leaves_nothing(cache, shared_data, server,
     shutil.copy(shared_data / "mnist.npz", root / "mnist.npz")
     monkeypatch.setenv("LABS_DATA_MIRROR", base + "/short")
     with pytest.raises(data.DataError, match="cut short|broke off"):
-        data.fetch("mnist")
+        downloads.fetch("mnist")
     assert leftovers(cache) == []
 
 
 def test_offline_with_empty_cache_says_what_to_download_and_where(cache):
     offline = dataclasses.replace(MNIST, url=f"http://127.0.0.1:{closed_port()}/mnist.npz")
     with pytest.raises(data.DataError) as err:
-        data.fetch(offline)
+        downloads.fetch(offline)
     msg = str(err.value)
     assert offline.url in msg                       # what to download
     assert str(cache / "mnist.npz") in msg          # where to put it
@@ -167,7 +167,7 @@ def test_offline_with_empty_cache_says_what_to_download_and_where(cache):
 
 def test_unknown_dataset_name_is_refused(cache):
     with pytest.raises(ValueError, match=r"unknown dataset 'cifar'.*mnist"):
-        data.fetch("cifar")
+        downloads.fetch("cifar")
 
 
 # ----------------------------------------------------------------------------- archives
@@ -178,10 +178,10 @@ def _tgz_of(folder: Path, members: list[str], out: Path) -> None:
             tar.add(folder / name, arcname=f"dbpedia_csv/{name}")
 
 
-def _archive_dataset(folder: Path) -> data.Dataset:
-    members = {f"dbpedia_csv/{n}": (data.sha256_of(folder / n), (folder / n).stat().st_size)
+def _archive_dataset(folder: Path) -> downloads.Dataset:
+    members = {f"dbpedia_csv/{n}": (downloads.sha256_of(folder / n), (folder / n).stat().st_size)
                for n in ("train.csv", "test.csv", "classes.txt")}
-    return dataclasses.replace(data.DATASETS["dbpedia"], members=members,
+    return dataclasses.replace(downloads.DATASETS["dbpedia"], members=members,
                                url="http://127.0.0.1:9/unused.tgz")
 
 
@@ -190,12 +190,12 @@ def test_archive_members_are_verified_and_extracted(cache, shared_data, server, 
     subset = shared_data / "dbpedia_subset"
     _tgz_of(subset, ["train.csv", "test.csv", "classes.txt"], root / "dbpedia_csv.tgz")
     monkeypatch.setenv("LABS_DATA_MIRROR", base)
-    folder = data.fetch(_archive_dataset(subset))
+    folder = downloads.fetch(_archive_dataset(subset))
     assert folder == cache / "dbpedia_csv"
     assert sorted(p.name for p in folder.iterdir()) == ["classes.txt", "test.csv", "train.csv"]
     assert leftovers(cache) == ["dbpedia_csv", "dbpedia_csv/classes.txt", "dbpedia_csv/test.csv",
                                "dbpedia_csv/train.csv"]
-    assert data.fetch(_archive_dataset(subset)) == folder  # cached: re-hashed, not fetched
+    assert downloads.fetch(_archive_dataset(subset)) == folder  # cached: re-hashed, not fetched
 
 
 def test_archive_with_a_bad_member_caches_nothing(cache, shared_data, server, tmp_path, monkeypatch):
@@ -208,8 +208,8 @@ def test_archive_with_a_bad_member_caches_nothing(cache, shared_data, server, tm
         f.write('1,"","an extra row"\n')
     _tgz_of(altered, ["train.csv", "test.csv", "classes.txt"], root / "dbpedia_csv.tgz")
     monkeypatch.setenv("LABS_DATA_MIRROR", base)
-    with pytest.raises(data.ChecksumError, match="dbpedia_csv/test.csv checksum mismatch"):
-        data.fetch(_archive_dataset(subset))
+    with pytest.raises(downloads.ChecksumError, match="dbpedia_csv/test.csv checksum mismatch"):
+        downloads.fetch(_archive_dataset(subset))
     assert leftovers(cache) == []
 
 
@@ -302,8 +302,8 @@ def test_cut_short_archive_reader_is_not_confused_with_tar(tmp_path):
         tar.addfile(info, io.BytesIO(payload))
     broken = tmp_path / "broken.tgz"
     broken.write_bytes(buf.getvalue()[:200])
-    ds = data.DATASETS["dbpedia"]
+    ds = downloads.DATASETS["dbpedia"]
     into = tmp_path / "out"
     into.mkdir()
     with pytest.raises(data.DataError):
-        data._extract_members(ds, broken, into)
+        downloads._extract_members(ds, broken, into)

@@ -7,7 +7,8 @@ import pytest
 from sklearn.metrics import accuracy_score, log_loss
 
 from helpers import runlogs
-from helpers.cluster import models, protocol
+from helpers import models
+from helpers.cluster import protocol
 from helpers.cluster.launcher import Run
 
 T0 = 1000.0
@@ -74,7 +75,7 @@ def test_time_to_accuracy_is_the_first_crossing():
 
 def test_test_curve_matches_numpy_and_sklearn(tmp_path, shared_data):
     cfg = protocol.validate(protocol.RunConfig(workers=1, train_size=200, test_size=500, run_id="t"))
-    _, _, x_te, y_te = models.load_arrays("mnist", 1, 500, 0)
+    _, _, x_te, y_te, _ = models.load_arrays("mnist", 1, 500, 0)
     rng = np.random.default_rng(0)
     (tmp_path / "ckpt").mkdir()
     events = [("ps-0", {"t": T0, "kind": "joined", "workers": [0]})]

@@ -6,7 +6,7 @@ import time
 import psutil
 import pytest
 
-from helpers import strategies
+from helpers.cluster import strategies
 from helpers.cluster import netns, tfconfig
 
 

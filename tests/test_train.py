@@ -5,7 +5,8 @@ import numpy as np
 from helpers import config
 from helpers.losses import make_loss
 from helpers.optimizers import make_optimizer
-from helpers.train import accuracy, train
+from helpers.models import accuracy
+from helpers.train import train
 
 
 def _blobs(n=600, seed=0):

@@ -6,12 +6,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from helpers import data  # noqa: E402
+from helpers import data, downloads  # noqa: E402
 
 
 def main() -> int:
     try:
-        mnist = data.fetch("mnist")
+        mnist = downloads.fetch("mnist")
         print(f"mnist    ok  {mnist}")
         folder = data.dbpedia_dir()
         counts = {}
@@ -19,7 +19,7 @@ def main() -> int:
             counts[split] = sum(1 for _ in data.iter_dbpedia(split))
         print(f"dbpedia  ok  {folder} ({counts['train']:,} train / {counts['test']:,} test rows, "
               f"{len(data.dbpedia_classes())} classes)")
-    except data.DataError as exc:
+    except downloads.DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,5 +1,12 @@
-"""A real TensorFlow parameter-server cluster of local processes: async, sync, SSP, backup."""
-from helpers.cluster.launcher import ClusterError, LocalCluster, Run
+"""Clusters of local OS processes running TensorFlow's distributed runtime.
+
+The parameter-server engine of notebooks 05-07: `LocalCluster` (launcher.py) starts the
+processes of node.py, which run ps.py, worker.py and evaluator.py by the rules of protocol.py
+over the resources of wire.py. Notebook 08's clusters for TF's own strategies: tfconfig.py
+starts the processes of strategies.py. netns.py keeps either off the network.
+"""
+from helpers.cluster.launcher import ClusterError, LocalCluster
 from helpers.cluster.protocol import RunConfig, validate
+from helpers.cluster.run import Run
 
 __all__ = ["ClusterError", "LocalCluster", "Run", "RunConfig", "validate"]

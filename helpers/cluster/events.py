@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,33 @@ class EventLog:
         self._f.close()
 
 
+class EventTail:
+    """The events appended to a run's .jsonl files since the last call, as they are written.
+
+    For watching a run live (progress bars, the launcher's stall watchdog): each call reads
+    only the new complete lines of each file (a line still being written waits for the next
+    call) and returns them parsed, each with its `source` (the file's stem, e.g. "ps-0").
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.offsets: dict[Path, int] = {}
+
+    def read(self) -> list[dict]:
+        """The new events of every file of the run, file by file."""
+        new = []
+        for path in sorted(self.run_dir.glob("*.jsonl")):
+            start = self.offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offsets[path] = start + len(complete)
+            for line in complete.splitlines():
+                new.append({**json.loads(line), "source": path.stem})
+        return new
+
+
 def read_events(run_dir: Path):
     """All events of a run as one pandas DataFrame sorted by wall time, with a `source` column."""
     import pandas as pd
@@ -40,10 +66,3 @@ def read_events(run_dir: Path):
     if len(frame):
         frame = frame.sort_values("t", kind="stable").reset_index(drop=True)
     return frame
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    """Write JSON to a temporary file, then rename it over `path`."""
-    tmp = Path(f"{path}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)

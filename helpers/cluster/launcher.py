@@ -1,24 +1,30 @@
-"""LocalCluster: start a PS and N workers as real OS processes, train, and always clean up."""
+"""LocalCluster: start a PS and N workers as real OS processes, train, and always clean up.
+
+The processes are `python -m helpers.cluster.node` (see node.py), one ChildProcess each
+(helpers/processes.py); a run is a command sent to all of them, watched until every one
+reports done, while the launcher checks for dead processes and for a run that stalls.
+"""
 from __future__ import annotations
 
 import atexit
-import ctypes
 import itertools
 import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import config
 from helpers.cluster import netns, protocol
-from helpers.cluster.events import read_events
+from helpers.cluster.events import EventTail
+from helpers.cluster.progress import RunProgress
+from helpers.cluster.run import Run
+from helpers.processes import ChildProcess, free_ports, log_tail
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 _COUNTER = itertools.count()
@@ -28,46 +34,11 @@ class ClusterError(RuntimeError):
     """A cluster process died, hung or reported an error."""
 
 
-def child_setup() -> None:
-    """Have the kernel SIGTERM this child when its parent dies (Linux; a no-op elsewhere).
-
-    Pass as `preexec_fn`: it runs in the child between fork and exec.
-    """
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 @atexit.register
 def _stop_all() -> None:
     """Backstop: end every cluster still running when the interpreter exits."""
     for cluster in list(_LIVE):
         cluster.stop()
-
-
-def free_ports(n: int) -> list[int]:
-    """Ask the kernel for n distinct free TCP ports."""
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
-def log_tail(path: Path, lines: int = 15, start: int = 0) -> str:
-    """The last lines of a log file from byte `start` on, or a note that there are none."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            text = f.read().decode(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(text[-lines:]) or ("(nothing logged during this run)" if start else "(empty log)")
 
 
 def _size(path: Path) -> int:
@@ -77,58 +48,26 @@ def _size(path: Path) -> int:
         return 0
 
 
-class ChildProcess:
-    """One child process: its Popen, log file and a reader thread for its messages."""
+def _is_stopped(pid: int) -> bool:
+    import psutil
 
-    def __init__(self, name, cmd, env, log_path, inbox):
-        self.name, self.log_path = name, log_path
-        self.log = open(log_path, "wb")
-        self.popen = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self.log, start_new_session=True,
-                                      preexec_fn=child_setup)
-        self.pid = self.popen.pid
-        self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
-        self.thread.start()
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
 
-    def _read(self, inbox):
-        for line in self.popen.stdout:
-            try:
-                inbox.put((self.name, json.loads(line)))
-            except ValueError:
-                pass
-        inbox.put((self.name, {"event": "eof"}))
 
-    def send(self, msg: dict) -> None:
-        self.popen.stdin.write((json.dumps(msg) + "\n").encode())
-        self.popen.stdin.flush()
+@dataclass
+class _Watch:
+    """What the launcher knows about the run it is watching."""
 
-    def died(self) -> str | None:
-        """None while running, else how it ended."""
-        rc = self.popen.poll()
-        if rc is None:
-            return None
-        return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
-
-    def kill(self, timeout: float = 5.0) -> None:
-        """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
-        for sig in (signal.SIGTERM, signal.SIGCONT):
-            try:
-                os.killpg(self.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.popen.wait()
-        for f in (self.popen.stdin, self.popen.stdout, self.log):
-            try:
-                f.close()
-            except OSError:
-                pass
+    waiting: set  # processes that have not reported done
+    tail: EventTail
+    bar: RunProgress | None
+    results: dict = field(default_factory=dict)
+    ps_error: str | None = None  # a protocol error the PS reported (the cluster lives on)
+    joined: bool = False  # every worker has traced its step and joined
+    last_progress: float = field(default_factory=time.monotonic)
 
 
 class LocalCluster:
@@ -276,7 +215,7 @@ class LocalCluster:
                            f"during {during}", slow[0] if slow else None)
 
     # ------------------------------------------------------------------ training
-    def train(self, progress: bool = True, **kwargs) -> "Run":
+    def train(self, progress: bool = True, **kwargs) -> Run:
         """Train one model on the cluster; return the Run with its events and summary.
 
         Args:
@@ -310,74 +249,82 @@ class LocalCluster:
                 proc.send({"cmd": "run", "config": str(cfg_path), "worker_pids": pids})
         return self._watch(cfg, run_dir, progress)
 
-    def _watch(self, cfg, run_dir, progress) -> "Run":
+    def _watch(self, cfg, run_dir, progress) -> Run:
+        """Route messages and watch deaths and progress until every process is done."""
         from helpers.resources import ResourceMonitor
 
-        waiting = {name for name, p in self.procs.items() if p.died() is None}
+        watch = _Watch({n for n, p in self.procs.items() if p.died() is None},
+                       EventTail(run_dir), RunProgress(cfg) if progress else None)
         lo_before = self.loopback_bytes()
-        ps_error, joined = None, False
-        sizes: dict[Path, int] = {}
-        last_progress = time.monotonic()
-        bar = _Progress(cfg, run_dir) if progress else None
-        results = {}
         t0 = time.perf_counter()
         with ResourceMonitor(list(self.pids.values()), interval=0.5) as monitor:
             try:
-                while waiting:
+                while watch.waiting:
                     try:
                         name, msg = self.inbox.get(timeout=0.2)
                     except queue.Empty:
                         name, msg = None, {}
                     # a dead PS explains the workers' errors: name it first
                     self._check_deaths(cfg.mode, tolerate_workers=True)
-                    waiting -= {f"worker:{w}" for w in self.dead_workers}
-                    if msg.get("event") == "error" and name == "ps:0":
-                        # a protocol error (e.g. a lost worker in sync mode): the PS has
-                        # closed the run's queues, so the workers finish and the cluster lives
-                        ps_error = msg["error"]
-                        waiting.discard(name)
-                    elif msg.get("event") == "error":
-                        # a worker may see the PS's sockets close before the PS is reapable:
-                        # give a dying PS a moment, so that the error names the real culprit
-                        try:
-                            self.procs["ps:0"].popen.wait(timeout=3)
-                        except subprocess.TimeoutExpired:
-                            pass
-                        self._check_deaths(cfg.mode, tolerate_workers=True)
-                        self._fail(f"{name} failed during run {cfg.run_id}: {msg['error']}", name)
-                    if msg.get("event") == "done":
-                        waiting.discard(name)
-                        results[name] = msg.get("result")
-                    now_sizes = {p: p.stat().st_size for p in run_dir.glob("*.jsonl")}
-                    if now_sizes != sizes:
-                        sizes, last_progress = now_sizes, time.monotonic()
-                        if bar:
-                            bar.update()
-                        if not joined:  # tracing the step functions may take long on a busy
-                            ps_log = run_dir / "ps-0.jsonl"  # machine: start_timeout applies
-                            joined = ps_log.exists() and '"joined"' in ps_log.read_text()
-                    elif time.monotonic() - last_progress > (
-                            self.stall_timeout if joined else self.start_timeout):
-                        stopped = [n for n, p in self.procs.items() if _is_stopped(p.pid)]
-                        culprit = stopped[0] if stopped else "ps:0"
-                        limit = self.stall_timeout if joined else self.start_timeout
-                        which = "stall_timeout" if joined else "start_timeout: workers never joined"
-                        self._fail(f"no progress for {limit:.0f} s ({which}) "
-                                   f"in run {cfg.run_id}; hung or stopped processes: "
-                                   f"{stopped or 'none found'}", culprit)
+                    watch.waiting -= {f"worker:{w}" for w in self.dead_workers}
+                    self._route(cfg, watch, name, msg)
+                    self._check_progress(cfg, watch)
             finally:
-                if bar:
-                    bar.close()
+                if watch.bar:
+                    watch.bar.update(watch.tail.read())
+                    watch.bar.close()
         wall = time.perf_counter() - t0
         lo_after = self.loopback_bytes()
-        if ps_error is not None:
-            raise ClusterError(f"run {cfg.run_id} failed: {ps_error}")
+        if watch.ps_error is not None:
+            raise ClusterError(f"run {cfg.run_id} failed: {watch.ps_error}")
         names = {pid: name for name, pid in self.pids.items()}
         resources = {names.get(pid, pid): v for pid, v in monitor.summary().items()}
-        run = Run(cfg, run_dir, results, wall, resources, sorted(self.dead_workers))
+        run = Run(cfg, run_dir, watch.results, wall, resources, sorted(self.dead_workers))
         if lo_before is not None and lo_after is not None:
             run.loopback_bytes = lo_after - lo_before
         return run
+
+    def _route(self, cfg, watch: _Watch, name: str | None, msg: dict) -> None:
+        """Act on one message of a process: done, or an error."""
+        if msg.get("event") == "error" and name == "ps:0":
+            # a protocol error (e.g. a lost worker in sync mode): the PS has closed the run's
+            # queues, so the workers finish and the cluster lives
+            watch.ps_error = msg["error"]
+            watch.waiting.discard(name)
+        elif msg.get("event") == "error":
+            # a worker may see the PS's sockets close before the PS is reapable: give a dying
+            # PS a moment, so that the error names the real culprit
+            try:
+                self.procs["ps:0"].popen.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                pass
+            self._check_deaths(cfg.mode, tolerate_workers=True)
+            self._fail(f"{name} failed during run {cfg.run_id}: {msg['error']}", name)
+        elif msg.get("event") == "done":
+            watch.waiting.discard(name)
+            watch.results[name] = msg.get("result")
+
+    def _check_progress(self, cfg, watch: _Watch) -> None:
+        """Feed the bars with new events; fail the run when none came for too long.
+
+        Until the workers have joined (tracing the step functions may take long on a busy
+        machine) the limit is start_timeout, after that stall_timeout.
+        """
+        events = watch.tail.read()
+        if events:
+            watch.last_progress = time.monotonic()
+            watch.joined = watch.joined or any(e["kind"] == "joined" for e in events)
+            if watch.bar:
+                watch.bar.update(events)
+            return
+        limit = self.stall_timeout if watch.joined else self.start_timeout
+        if time.monotonic() - watch.last_progress <= limit:
+            return
+        stopped = [n for n, p in self.procs.items() if _is_stopped(p.pid)]
+        which = "stall_timeout" if watch.joined else "start_timeout: workers never joined"
+        self._fail(f"no progress for {limit:.0f} s ({which}) in run {cfg.run_id}; hung or "
+                   f"stopped processes: {stopped or 'none found'}",
+                   stopped[0] if stopped else "ps:0")
 
     @property
     def isolated(self) -> bool:
@@ -387,91 +334,3 @@ class LocalCluster:
     def loopback_bytes(self) -> int | None:
         """Bytes sent over the private namespace's loopback so far (None when not isolated)."""
         return self.network.loopback_bytes()
-
-
-def _is_stopped(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-    except psutil.NoSuchProcess:
-        return False
-
-
-class _Progress:
-    """tqdm bars (PS updates and steps per worker) fed from the run's event files."""
-
-    def __init__(self, cfg, run_dir):
-        from tqdm.auto import tqdm
-
-        self.run_dir = run_dir
-        self.bars = {"ps-0": tqdm(total=cfg.steps, desc="PS updates", leave=False)}
-        for w in cfg.worker_ids:
-            self.bars[f"worker-{w}"] = tqdm(desc=f"worker {w} steps", leave=False)
-        self.offsets: dict[str, int] = {}
-
-    def update(self):
-        for name, bar in self.bars.items():
-            path = self.run_dir / f"{name}.jsonl"
-            if not path.exists():
-                continue
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(name, 0))
-                chunk = f.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            self.offsets[name] = self.offsets.get(name, 0) + len(complete)
-            kind = b'"kind": "update"' if name == "ps-0" else b'"kind": "step"'
-            bar.update(complete.count(kind))
-
-    def close(self):
-        self.update()
-        for bar in self.bars.values():
-            bar.close()
-
-
-class Run:
-    """The record of one training run: its config, event log and resource figures."""
-
-    def __init__(self, cfg, run_dir, results, wall_s, resources, dead_workers):
-        self.config, self.dir, self.results = cfg, Path(run_dir), results
-        self.wall_s, self.resources, self.dead_workers = wall_s, resources, dead_workers
-        self.loopback_bytes = None  # all traffic of the run, when the cluster is isolated
-        self._events = None
-
-    @property
-    def events(self):
-        """pandas DataFrame: one row per worker step and per PS update (and other events)."""
-        if self._events is None:
-            self._events = read_events(self.dir)
-        return self._events
-
-    @property
-    def test_accuracy(self) -> float:
-        """Test accuracy of the final parameters, computed by the PS."""
-        return float(self.results["ps:0"]["test_accuracy"])
-
-    def summary(self) -> dict:
-        """Steps/s, staleness, test accuracy, bytes, CPU% and peak RSS per process."""
-        ev = self.events
-        steps = ev[ev.kind == "step"]
-        updates = ev[ev.kind == "update"]
-        span = (steps.t.max() - steps.t.min()) if len(steps) > 1 else float("nan")
-        stale = [s for row in updates.staleness for s in row] if len(updates) else []
-        return {
-            "mode": self.config.mode,
-            "workers": self.config.workers,
-            "wall_s": round(self.wall_s, 2),
-            "worker_steps": int(len(steps)),
-            "ps_updates": int(len(updates)),
-            "steps_per_s": len(steps) / span if span else float("nan"),
-            "updates_per_s": len(updates) / span if span else float("nan"),
-            "staleness_mean": float(sum(stale) / len(stale)) if stale else float("nan"),
-            "staleness_max": int(max(stale)) if stale else 0,
-            "dropped": int((ev.kind == "drop").sum()),
-            "test_accuracy": self.test_accuracy,
-            "bytes_pushed": int(steps.bytes_pushed.sum()),
-            "bytes_pulled": int(steps.bytes_pulled.sum()),
-            "loopback_bytes": self.loopback_bytes,
-            "dead_workers": self.dead_workers,
-            "resources": self.resources,
-        }

@@ -24,6 +24,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from helpers.processes import child_setup
+
 _WARNED = False  # warn about exposed ports once per Python process
 
 
@@ -94,8 +96,6 @@ class PrivateNetwork:
             return self
         reason = _tools_missing()  # the holder itself is the probe: no second namespace
         if reason is None:
-            from helpers.cluster.launcher import child_setup
-
             self.holder = subprocess.Popen(
                 ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
                  "ip link set lo up && echo ready && exec cat"],

@@ -1,8 +1,8 @@
 """Start a TF_CONFIG cluster for TF's own strategies: one OS process per task, always cleaned up.
 
-Each task runs `python -m helpers.strategies job.json` with its own TF_CONFIG environment
+Each task runs `python -m helpers.cluster.strategies job.json` with its own TF_CONFIG environment
 variable, which tells it the cluster and its role. The process plumbing (free ports,
-dying with the parent, one process group each, log tails) is the engine's, from launcher.py.
+dying with the parent, one process group each, log tails) is helpers/processes.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from helpers import config
 from helpers.cluster import netns
-from helpers.cluster.launcher import ChildProcess, free_ports, log_tail
+from helpers.processes import ChildProcess, NoResult, free_ports, log_tail, wait_for_results
 
 ROLES = ("chief", "worker", "ps")
 _COUNTER = itertools.count()
@@ -52,7 +52,7 @@ class TFConfigCluster:
     Args:
         roles: tasks per type, e.g. {"worker": 2} (MultiWorkerMirroredStrategy) or
             {"chief": 1, "worker": 2, "ps": 1} (ParameterServerStrategy).
-        job: the job dict every task reads (see helpers.strategies). Task types listed in
+        job: the job dict every task reads (see helpers.cluster.strategies). Task types listed in
             `servers` get {"kind": "server"} instead.
         servers: task types that only serve (never finish on their own); they are ended
             once every other task is done.
@@ -64,11 +64,11 @@ class TFConfigCluster:
     """
 
     def __init__(self, roles: dict, job: dict, servers=(), timeout: float = 600.0,
-                 name: str | None = None, module: str = "helpers.strategies",
+                 name: str | None = None, module: str = "helpers.cluster.strategies",
                  isolate="auto"):
         self.cluster = cluster_spec(roles)
-        if module == "helpers.strategies":
-            from helpers.strategies import validate
+        if module == "helpers.cluster.strategies":
+            from helpers.cluster.strategies import validate
 
             validate(job, workers=roles.get("worker", 1))
         if not timeout > 0:
@@ -127,24 +127,14 @@ class TFConfigCluster:
             TFConfigError: a task exited without a result, or the timeout passed (every
                 process is ended first, and the error shows the failing task's log tail).
         """
-        waiting = {n for n in self.procs if n.split(":")[0] not in self.servers}
-        results, deadline = {}, time.monotonic() + self.timeout
-        while waiting:
-            try:
-                name, msg = self.inbox.get(timeout=0.2)
-            except queue.Empty:
-                name, msg = None, {}
-            if msg.get("event") == "done":
-                results[name] = msg["result"]
-                waiting.discard(name)
-            elif msg.get("event") == "eof" and name not in results:  # its stdout closed
-                self.procs[name].popen.wait()
-                self._fail(f"{name} (pid {self.procs[name].pid}) {self.procs[name].died()} "
-                           "before reporting a result", name)
-            if waiting and time.monotonic() > deadline:
-                self._fail(f"timed out after {self.timeout:.0f} s waiting for {sorted(waiting)}",
-                           sorted(waiting)[0])
-        return results
+        tasks = [n for n in self.procs if n.split(":")[0] not in self.servers]
+        try:
+            return wait_for_results(self.procs, self.inbox, tasks, self.timeout)
+        except NoResult as exc:
+            if exc.how.startswith("timed out"):
+                self._fail(f"{exc.how} waiting for {exc.waiting}", exc.name)
+            self._fail(f"{exc.name} (pid {self.procs[exc.name].pid}) {exc.how} "
+                       "before reporting a result", exc.name)
 
     def _fail(self, what: str, name: str):
         log = self.procs[name].log_path

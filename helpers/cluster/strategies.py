@@ -1,6 +1,6 @@
 """What each TF_CONFIG task runs: MultiWorkerMirroredStrategy, ParameterServerStrategy, servers.
 
-`python -m helpers.strategies job.json` reads its role from TF_CONFIG (set by
+`python -m helpers.cluster.strategies job.json` reads its role from TF_CONFIG (set by
 helpers.cluster.tfconfig), runs the job and prints one JSON line {"event": "done",
 "result": ...} on stdout. Both strategies use a custom training loop: Keras 3's
 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) and Keras 3
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from helpers import files
+
 # The engine's loader (same seeded subset and scaling) and accuracy (argmax over test batches).
-from helpers.cluster.models import accuracy, load_arrays
+from helpers.models import accuracy, build, load_arrays
 
 KINDS = ("mwms", "ps", "server")
 MODELS = ("logreg", "lenet")
@@ -48,11 +50,6 @@ def validate(job: dict, workers: int = 1) -> dict:
     return job
 
 
-def mnist_arrays(train_size: int, test_size: int, seed: int = 0):
-    """MNIST scaled to [0, 1]: a seeded training subset and the first test examples."""
-    return load_arrays("mnist", train_size, test_size, seed)
-
-
 def ring_bytes(grad_bytes: int, workers: int) -> float:
     """Bytes each worker sends per ring all-reduce of `grad_bytes`: 2 (N - 1) / N of them."""
     return 2 * (workers - 1) / workers * grad_bytes
@@ -68,7 +65,7 @@ def run_mwms(job: dict) -> dict:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     ready_s = time.time() - psutil.Process().create_time()
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    x, y, xt, yt = mnist_arrays(job["train_size"], job["test_size"], job.get("seed", 0))
+    x, y, xt, yt, _ = load_arrays("mnist", job["train_size"], job["test_size"], job.get("seed", 0))
     results = []
     for run in job["runs"]:
         with ResourceMonitor(interval=0.25) as monitor:
@@ -83,8 +80,6 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, evaluate: bool) -> dict:
     """One custom-loop training run under a (multi-worker) mirrored strategy."""
     import keras
     import tensorflow as tf
-
-    from helpers.cluster.models import build
 
     n, batch, seed = strategy.num_replicas_in_sync, job["batch_size"], job.get("seed", 0)
 
@@ -136,8 +131,6 @@ def run_ps(job: dict) -> dict:
     import keras
     import tensorflow as tf
 
-    from helpers.cluster.models import build
-
     import psutil
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -176,7 +169,7 @@ def run_ps(job: dict) -> dict:
     remote = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(steps)]
     coordinator.join()
     train_s = time.perf_counter() - t0
-    _, _, xt, yt = mnist_arrays(1, job["test_size"])
+    _, _, xt, yt, _ = load_arrays("mnist", 1, job["test_size"], images=("test",))
     losses = [float(r.fetch()) for r in remote]
     return {"workers": len(resolver.cluster_spec().as_dict().get("worker", [])), "steps": steps,
             "ready_s": ready_s, "train_s": train_s, "steps_per_s": steps / train_s,
@@ -191,9 +184,8 @@ def write_mnist_rows(path: Path, train_size: int, seed: int = 0) -> Path:
     (x, y), _ = load_mnist()
     order = np.random.default_rng(seed).permutation(len(x))[:train_size]
     rows = np.concatenate([y[order, None].astype(np.uint8), x[order].reshape(-1, 784)], axis=1)
-    tmp = Path(path).with_suffix(".tmp")
-    rows.tofile(tmp)
-    os.replace(tmp, path)  # atomic: never a half-written file
+    with files.atomic_path(path) as tmp:  # never a half-written file
+        rows.tofile(tmp)
     return Path(path)
 
 

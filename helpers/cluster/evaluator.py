@@ -1,0 +1,36 @@
+"""The evaluator's side of a run: test each checkpoint the PS announces, as it comes."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class EvaluatorLoop:
+    """Evaluate each checkpoint the PS announces; log test accuracy against wall time."""
+
+    def __init__(self, node, run_dir, log, model, res, test):
+        self.node, self.tf, self.run_dir, self.log = node, node.tf, run_dir, log
+        self.model, self.res, self.test = model, res, test
+
+    def run(self) -> dict:
+        from helpers import models
+
+        tf, raw = self.tf, self.tf.raw_ops
+        evaluated = 0
+        while True:
+            try:
+                with tf.device(self.node.ps):
+                    version = int(raw.QueueDequeueV2(handle=self.res.ckpt,
+                                                     component_types=[tf.int64])[0])
+            except tf.errors.OutOfRangeError:  # the PS closed the queue: the run failed
+                break
+            if version < 0:
+                break
+            path = self.run_dir / "ckpt" / f"ckpt-{version:07d}.npz"
+            with np.load(path) as f:
+                for i, var in enumerate(self.model.trainable_variables):
+                    var.assign(f[f"w{i}"])
+            acc = models.accuracy(self.model, *self.test)
+            self.log.write("eval", version=version, test_accuracy=acc, file=path.name)
+            evaluated += 1
+        return {"evaluated": evaluated}
+

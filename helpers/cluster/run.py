@@ -1,0 +1,54 @@
+"""The record of one training run on a LocalCluster: its config, events and summary."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.cluster.events import read_events
+
+
+class Run:
+    """The record of one training run: its config, event log and resource figures."""
+
+    def __init__(self, cfg, run_dir, results, wall_s, resources, dead_workers):
+        self.config, self.dir, self.results = cfg, Path(run_dir), results
+        self.wall_s, self.resources, self.dead_workers = wall_s, resources, dead_workers
+        self.loopback_bytes = None  # all traffic of the run, when the cluster is isolated
+        self._events = None
+
+    @property
+    def events(self):
+        """pandas DataFrame: one row per worker step and per PS update (and other events)."""
+        if self._events is None:
+            self._events = read_events(self.dir)
+        return self._events
+
+    @property
+    def test_accuracy(self) -> float:
+        """Test accuracy of the final parameters, computed by the PS."""
+        return float(self.results["ps:0"]["test_accuracy"])
+
+    def summary(self) -> dict:
+        """Steps/s, staleness, test accuracy, bytes, CPU% and peak RSS per process."""
+        ev = self.events
+        steps = ev[ev.kind == "step"]
+        updates = ev[ev.kind == "update"]
+        span = (steps.t.max() - steps.t.min()) if len(steps) > 1 else float("nan")
+        stale = [s for row in updates.staleness for s in row] if len(updates) else []
+        return {
+            "mode": self.config.mode,
+            "workers": self.config.workers,
+            "wall_s": round(self.wall_s, 2),
+            "worker_steps": int(len(steps)),
+            "ps_updates": int(len(updates)),
+            "steps_per_s": len(steps) / span if span else float("nan"),
+            "updates_per_s": len(updates) / span if span else float("nan"),
+            "staleness_mean": float(sum(stale) / len(stale)) if stale else float("nan"),
+            "staleness_max": int(max(stale)) if stale else 0,
+            "dropped": int((ev.kind == "drop").sum()),
+            "test_accuracy": self.test_accuracy,
+            "bytes_pushed": int(steps.bytes_pushed.sum()),
+            "bytes_pulled": int(steps.bytes_pulled.sum()),
+            "loopback_bytes": self.loopback_bytes,
+            "dead_workers": self.dead_workers,
+            "resources": self.resources,
+        }

@@ -1,0 +1,124 @@
+"""The wire protocol of the cluster: what lives on the PS, and what each message holds.
+
+Every run declares its shared resources on the parameter server with raw ops and a
+`shared_name` prefixed by the run id, so every process that declares the same name gets a
+handle to the same variable or queue (tf.Variable would give each process its own).
+
+    resource       type                       message                      who puts / takes
+    vars[i]        float32 variable           the model's i-th weights     PS writes, workers read
+    version        int64 variable             updates applied so far       PS
+    stopped        int64 variable             1 once the run has ended     PS
+    grads          FIFO queue                 Header + compressed grads    workers (and the PS's
+                                                                           death watcher) / PS
+    tokens[w]      FIFO queue, one per worker Token: "take one step"       PS / worker w
+    join, done     FIFO queues                a worker id                  workers / PS
+    ckpt           FIFO queue                 a checkpoint version, -1 end PS / evaluator
+
+The rules that decide when the PS applies a push or grants a token are in protocol.py;
+the processes that move these messages are ps.py, worker.py and evaluator.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+# kinds of message in the `grads` queue
+GRAD = 0  # a worker's (accumulated, compressed) gradient
+DEAD = 2  # sent by the PS's own watcher thread: this worker's process is gone
+
+
+class Header(NamedTuple):
+    """The int64[4] that leads every message in the `grads` queue."""
+
+    worker: int
+    step: int  # the worker's step counter when it pushed (-1 for DEAD)
+    version: int  # the parameter version the gradient was computed on (-1 for DEAD)
+    kind: int  # GRAD or DEAD
+
+
+class Token(NamedTuple):
+    """The int64[2] in `tokens[w]`: permission for worker w to take its next step."""
+
+    clock: int  # SSP: the step it may take; other modes: the parameter version at issue
+    slowest: int  # SSP: the slowest live worker's clock (the worker logs its gap); else 0
+
+
+@dataclass
+class Resources:
+    """Handles of one run's shared resources (all on the PS), as every process declares them."""
+
+    vars: list
+    version: object
+    stopped: object
+    grads: object
+    tokens: list
+    join: object
+    done: object
+    ckpt: object
+    wire: list  # (dtype, shape) of each tensor a push carries after the Header
+
+
+def declare(tf, ps_device: str, cfg, shapes) -> Resources:
+    """Declare (or find) the run's shared resources on the PS; same call in every process."""
+    from helpers import compression
+
+    raw = tf.raw_ops
+    prefix = f"{cfg.run_id}/"
+    # a push carries the compressor's wire tensors (e.g. top-k values + indices), so only
+    # those cross the network; every node declares the queue with the same spec
+    wire = compression.from_spec(cfg.compress).wire_spec(shapes)
+
+    def ids(name, capacity):  # a queue of int64 scalars (worker ids, versions)
+        return raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]], capacity=capacity,
+                               shared_name=prefix + name)
+
+    with tf.device(ps_device):
+        return Resources(
+            vars=[raw.VarHandleOp(dtype=tf.float32, shape=s, shared_name=f"{prefix}w{i}")
+                  for i, s in enumerate(shapes)],
+            version=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "version"),
+            stopped=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "stopped"),
+            grads=raw.FIFOQueueV2(component_types=[tf.int64] + [tf.as_dtype(d) for d, _ in wire],
+                                  shapes=[[len(Header._fields)]] + [list(s) for _, s in wire],
+                                  capacity=max(4, 2 * cfg.workers), shared_name=prefix + "grads"),
+            tokens=[raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[len(Token._fields)]],
+                                    capacity=100_000, shared_name=f"{prefix}tokens{w}")
+                    for w in range(max(cfg.worker_ids) + 1)],
+            join=ids("join", 1000),
+            done=ids("done", 1000),
+            ckpt=ids("ckpt", 100_000),
+            wire=wire,
+        )
+
+
+def pack(tensors):
+    """One flat tensor from tensors of one dtype."""
+    import tensorflow as tf
+
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+
+
+def pack_by_dtype(tensors):
+    """[(positions, flat tensor)] per dtype, in order of first appearance.
+
+    Every tensor crossing between devices is an RPC of its own, so a pull or a push sends one
+    flat tensor per dtype (LeNet: 2 transfers instead of 10 + 1) and unpacks it on arrival.
+    """
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    return [(idx, pack([tensors[i] for i in idx])) for idx in groups.values()]
+
+
+def unpack(packed, shapes):
+    """Inverse of pack_by_dtype: the tensors of these shapes, in their original order."""
+    import tensorflow as tf
+
+    out = [None] * len(shapes)
+    for idx, flat in packed:
+        sizes = [int(np.prod(shapes[i])) for i in idx]
+        for i, part in zip(idx, tf.split(flat, sizes)):
+            out[i] = tf.reshape(part, shapes[i])
+    return out

@@ -1,0 +1,181 @@
+"""A worker's side of a run: pull the parameters, compute a gradient, push it, wait for a token.
+
+`WorkerLoop` runs in each worker process (started by node.py). One tf.function per step does
+the pull, the gradient on a local batch and the push, so each crosses the network as one
+transfer per dtype (wire.pack_by_dtype); the Python loop around it waits for the PS's step
+tokens when the mode says so, and simulates stragglers and faults.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+from helpers.cluster.wire import GRAD, Header, Token, pack_by_dtype, unpack
+
+
+class WorkerLoop:
+    """Pull parameters, compute a gradient on a local batch, push it; wait when the mode says."""
+
+    def __init__(self, node, cfg, log, model, res, x, y):
+        from helpers.cluster import protocol
+
+        self.node, self.tf, self.cfg, self.log = node, node.tf, cfg, log
+        self.model, self.res, self.x, self.y = model, res, x, y
+        self.downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
+        tf = self.tf
+        self.acc = [tf.Variable(tf.zeros(v.shape), trainable=False)
+                    for v in model.trainable_variables]
+        self.version_read = tf.Variable(tf.constant(0, tf.int64), trainable=False)
+        self.rng = np.random.default_rng([cfg.seed, node.task])
+        from helpers import compression
+
+        shapes = [tuple(v.shape) for v in model.trainable_variables]
+        self.comp = compression.from_spec(cfg.compress)
+        # what a compressed push did not send, added to the next push (error feedback)
+        self.residual = ([tf.Variable(tf.zeros(s), trainable=False) for s in shapes]
+                         if self.comp.feedback else None)
+        self.bytes = compression.Float32().bytes_for(shapes)  # one pull: float32 parameters
+        self.bytes_push = self.comp.bytes_for(shapes) + 8 * len(Header._fields)  # + int64 header
+        self._build_step()
+
+    def _build_step(self):
+        tf, raw, model, res, cfg = self.tf, self.tf.raw_ops, self.model, self.res, self.cfg
+        import keras
+
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        variables = model.trainable_variables
+        shapes = [tuple(v.shape) for v in variables]
+        ps, task, n_push = self.node.ps, self.node.task, cfg.n_push
+        local_lr = cfg.lr
+        comp, residual = self.comp, self.residual
+        here = self.acc[0].device  # this worker's CPU (acc: local tf.Variables)
+        push_shapes = [(len(Header._fields),)] + [s for _, s in res.wire]
+
+        @tf.function
+        def step(x, y, local_step, fetch: bool, push: bool):
+            if fetch:
+                with tf.device(ps):
+                    packed = pack_by_dtype([raw.ReadVariableOp(resource=h, dtype=tf.float32)
+                                            for h in res.vars])
+                    version = raw.ReadVariableOp(resource=res.version, dtype=tf.int64)
+                with tf.device(here):
+                    values = unpack(packed, shapes)
+                for var, value in zip(variables, values):
+                    var.assign(value)
+                self.version_read.assign(version)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, variables)
+            for a, g in zip(self.acc, grads):
+                a.assign_add(g)
+            if cfg.n_fetch > 1:  # Downpour: keep training the local copy between fetches
+                for var, g in zip(variables, grads):
+                    var.assign_sub(local_lr * g)
+            if push:
+                meta = tf.stack(Header(worker=tf.constant(task, tf.int64), step=local_step,
+                                       version=self.version_read.read_value(),
+                                       kind=tf.constant(GRAD, tf.int64)))
+                # compressed on this worker: only `wire` goes to the PS
+                wire = comp.compress([a / n_push for a in self.acc], residual)
+                with tf.device(here):
+                    packed = pack_by_dtype([meta] + wire)
+                with tf.device(ps):
+                    raw.QueueEnqueueV2(handle=res.grads,
+                                       components=unpack(packed, push_shapes))
+                for a in self.acc:
+                    a.assign(tf.zeros_like(a))
+            return loss, self.version_read.read_value()
+
+        self.step = step
+
+    def _warm_up(self):
+        """Trace the step function and run it once without pushing, so all start together."""
+        tf, b = self.tf, self.cfg.batch_size
+        x, y = self.x[:b], self.y[:b]
+        self.step(x, y, tf.constant(0, tf.int64), True, False)
+        for a in self.acc:
+            a.assign(tf.zeros_like(a))
+        pushes = {True} if self.cfg.n_push == 1 else {True, False}
+        fetches = {True} if self.cfg.n_fetch == 1 else {True, False}
+        for fetch in fetches:
+            for push in pushes:
+                self.step.get_concrete_function(x, y, tf.constant(0, tf.int64), fetch, push)
+
+    def _token(self) -> Token:
+        """Block until the PS grants this worker its next step."""
+        tf, raw = self.tf, self.tf.raw_ops
+        with tf.device(self.node.ps):
+            tok = raw.QueueDequeueV2(handle=self.res.tokens[self.node.task],
+                                     component_types=[tf.int64])
+        return Token(*(int(v) for v in tok[0].numpy()))
+
+    def _delay(self, compute_s):
+        spec = self.cfg.stragglers.get(str(self.node.task))
+        if spec is None:
+            return 0.0
+        if isinstance(spec, dict):
+            delay = (self.rng.exponential(spec["mean"]) if spec["dist"] == "exponential"
+                     else self.rng.uniform(0, 2 * spec["mean"]))
+        else:
+            delay = (spec - 1) * compute_s
+        time.sleep(delay)  # the simulated slowdown itself, not a wait for a condition
+        return delay
+
+    def run(self) -> dict:
+        tf, cfg = self.tf, self.cfg
+        n = len(self.x)
+        order = self.rng.permutation(n)
+        pos, step = 0, 0
+        waits_every_step = cfg.mode in ("sync", "backup", "ssp")
+        fault = cfg.faults.get(str(self.node.task))
+        ended = (tf.errors.OutOfRangeError, tf.errors.CancelledError, tf.errors.AbortedError)
+        try:
+            self._token()  # the PS has initialised the parameters
+            self._warm_up()
+            with tf.device(self.node.ps):
+                self.tf.raw_ops.QueueEnqueueV2(handle=self.res.join,
+                                               components=[tf.constant(self.node.task, tf.int64)])
+            while True:
+                if fault and step == fault["at"]:
+                    self.log.write("fault", what=fault["kind"], step=step)
+                    os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill"
+                            else signal.SIGSTOP)
+                wait_s = 0.0
+                if step == 0 or waits_every_step:
+                    t = time.perf_counter()
+                    token = self._token()
+                    wait_s = time.perf_counter() - t
+                if pos + cfg.batch_size > n:
+                    order, pos = self.rng.permutation(n), 0
+                idx = order[pos:pos + cfg.batch_size]
+                pos += cfg.batch_size
+                fetch = self.downpour.fetch(step)
+                push = self.downpour.accumulate()
+                t = time.perf_counter()
+                loss, version_read = self.step(self.x[idx], self.y[idx],
+                                               tf.constant(step, tf.int64), fetch, push)
+                loss, version_read = float(loss), int(version_read)
+                compute_s = time.perf_counter() - t
+                delay = self._delay(compute_s)
+                self.log.write("step", worker=self.node.task, step=step,
+                               version_read=version_read, fetched=fetch,
+                               pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
+                               delay_s=delay, bytes_pulled=self.bytes if fetch else 0,
+                               bytes_pushed=self.bytes_push if push else 0,
+                               gap=(step - token.slowest) if cfg.mode == "ssp" else None)
+                step += 1
+        except ended:
+            with tf.device(self.node.ps):
+                stopped = int(self.tf.raw_ops.ReadVariableOp(resource=self.res.stopped,
+                                                             dtype=tf.int64))
+            if not stopped:
+                raise
+        with tf.device(self.node.ps):
+            self.tf.raw_ops.QueueEnqueueV2(handle=self.res.done,
+                                           components=[tf.constant(self.node.task, tf.int64)])
+        self.log.write("done", worker=self.node.task, steps=step)
+        return {"steps": step}
+

@@ -1,0 +1,54 @@
+"""Writes that are all or nothing: a reader (or a crash) never sees a half-written file.
+
+Everything the project caches or hands between processes (sweep records, checkpoints and
+their `latest.json`, notebook 01's features, the row file of notebook 08) is written to a
+temporary name in the same folder and renamed over the target only once complete; `os.replace`
+is atomic on one file system.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+@contextmanager
+def atomic_path(path: Path, suffix: str = ".tmp", directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; it replaces `path` only if the block succeeds.
+
+    Args:
+        path: the file (or folder) to write.
+        suffix: the temporary name's ending (np.savez wants ".npz").
+        directory: yield an empty folder instead of a file; an existing folder at `path`
+            is removed just before the new one takes its place.
+    On an error in the block the temporary file or folder is removed and `path` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if directory:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if directory and path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if directory:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, obj, indent: int | None = None, default=None) -> Path:
+    """Write `obj` as JSON to `path`, all or nothing."""
+    with atomic_path(path, ".json") as tmp:
+        tmp.write_text(json.dumps(obj, indent=indent, default=default))
+    return Path(path)

@@ -1,0 +1,172 @@
+"""Process plumbing shared by every helper that starts child processes.
+
+The cluster engine (`cluster.launcher`), TF_CONFIG clusters (`cluster.tfconfig`), the private
+network namespace (`cluster.netns`), the PS demo (`psdemo`) and notebook 04's one process per
+configuration (`mirrored`) all start Python children that must end with their parent, report
+on stdout and be ended by PID. This module is that plumbing, in one place:
+
+- `child_setup` / `die_with_parent`: ask the kernel to SIGTERM a child when its parent dies
+  (Linux `prctl(PR_SET_PDEATHSIG)`; nothing on other systems).
+- `free_ports`: unused TCP ports, from `portpicker` (what TensorFlow's own multi-process tests
+  use; it honours a port server through PORTSERVER_ADDRESS). A cluster in a private network
+  namespace needs none of it: every port is free there.
+- `ChildProcess`: one child with its log file and a thread that turns its stdout's JSON lines
+  into messages; `wait_for_results` collects the {"event": "done"} messages of several.
+- `log_tail`: the end of a child's log, for error messages.
+
+Our own code, not a library's: subprocess and psutil have no parent-death signal, no process-
+group kill with SIGCONT for a stopped child, and no JSON message channel.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _set_parent_death_signal() -> bool:
+    """SIGTERM this process when its parent dies; False where the OS has no such call."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        return False
+    return True
+
+
+def child_setup() -> None:
+    """`preexec_fn` for Popen: the child is SIGTERMed when its parent dies (Linux only).
+
+    It runs in the child between fork and exec.
+    """
+    _set_parent_death_signal()
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Called by a child itself: be SIGTERMed when the parent dies, or exit now if it has.
+
+    For a child whose start cleared the signal (`nsenter`, `unshare`) or that was started
+    without `child_setup`; `parent_pid` catches a parent that died before this call.
+    """
+    if _set_parent_death_signal() and parent_pid and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct unused TCP ports on this machine."""
+    import portpicker
+
+    return [portpicker.pick_unused_port() for _ in range(n)]
+
+
+def log_tail(path: Path, lines: int = 15, start: int = 0) -> str:
+    """The last lines of a log file from byte `start` on, or a note that there are none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:]) or ("(nothing logged during this run)" if start else "(empty log)")
+
+
+class ChildProcess:
+    """One child process in a process group of its own, dying with its parent.
+
+    Its stderr goes to `log_path`; each JSON line it prints on stdout is put on `inbox` as
+    (name, message), and {"event": "eof"} when its stdout closes. `send` writes a JSON line
+    to its stdin.
+    """
+
+    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, inbox: queue.Queue):
+        self.name, self.log_path = name, Path(log_path)
+        self.log = open(log_path, "wb")
+        self.popen = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self.log, start_new_session=True,
+                                      preexec_fn=child_setup)
+        self.pid = self.popen.pid
+        self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
+        self.thread.start()
+
+    def _read(self, inbox):
+        for line in self.popen.stdout:
+            try:
+                inbox.put((self.name, json.loads(line)))
+            except ValueError:
+                pass
+        inbox.put((self.name, {"event": "eof"}))
+
+    def send(self, msg: dict) -> None:
+        """Write one JSON message to the child's stdin."""
+        self.popen.stdin.write((json.dumps(msg) + "\n").encode())
+        self.popen.stdin.flush()
+
+    def died(self) -> str | None:
+        """None while running, else how it ended."""
+        rc = self.popen.poll()
+        if rc is None:
+            return None
+        return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.popen.wait()
+        for f in (self.popen.stdin, self.popen.stdout, self.log):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class NoResult(RuntimeError):
+    """A child ended, or the time ran out, before it reported its result."""
+
+    def __init__(self, name: str, how: str, waiting: list[str]):
+        super().__init__(f"{name} {how}")
+        self.name, self.how, self.waiting = name, how, waiting
+
+
+def wait_for_results(procs: dict[str, ChildProcess], inbox: queue.Queue, names,
+                     timeout: float) -> dict:
+    """The `result` of each named child's {"event": "done", "result": ...} message, by name.
+
+    Raises:
+        NoResult: a child ended without reporting (`how` says how it ended, `name` is the
+            child; a child not named, e.g. a server, must not end either), or `timeout`
+            seconds passed (`name` is the first child still owed, `waiting` all of them).
+    """
+    waiting, results = set(names), {}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        try:
+            name, msg = inbox.get(timeout=0.2)
+        except queue.Empty:
+            name, msg = None, {}
+        if msg.get("event") == "done" and name in waiting:
+            results[name] = msg["result"]
+            waiting.discard(name)
+        elif msg.get("event") == "eof" and name not in results:  # stdout closed: it is ending
+            procs[name].popen.wait()
+            raise NoResult(name, procs[name].died(), sorted(waiting))
+        if waiting and time.monotonic() > deadline:
+            raise NoResult(sorted(waiting)[0], f"timed out after {timeout:.0f} s", sorted(waiting))
+    return results

@@ -1,0 +1,50 @@
+"""The process plumbing every launcher shares: ports, children, their results and their end."""
+import queue
+import socket
+import sys
+
+import psutil
+import pytest
+
+from helpers.processes import ChildProcess, NoResult, free_ports, log_tail, wait_for_results
+
+
+def _child(tmp_path, name, code):
+    inbox = queue.Queue()
+    proc = ChildProcess(name, [sys.executable, "-c", code], {}, tmp_path / f"{name}.log", inbox)
+    return {name: proc}, inbox
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports(5)
+    assert len(set(ports)) == 5
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))
+
+
+def test_a_child_reports_its_result_and_is_ended_by_pid(tmp_path):
+    procs, inbox = _child(tmp_path, "ok", 'import json, sys; print("noise"); '
+                          'print(json.dumps({"event": "done", "result": {"x": 1}})); '
+                          'print("to the log", file=sys.stderr)')
+    assert wait_for_results(procs, inbox, ["ok"], timeout=60) == {"ok": {"x": 1}}
+    procs["ok"].kill()
+    assert not psutil.pid_exists(procs["ok"].pid)
+    assert log_tail(procs["ok"].log_path) == "to the log"
+
+
+def test_a_child_that_ends_without_a_result_is_named_with_how_it_ended(tmp_path):
+    procs, inbox = _child(tmp_path, "bad", "import sys; sys.exit(3)")
+    with pytest.raises(NoResult, match="bad exited with code 3") as err:
+        wait_for_results(procs, inbox, ["bad"], timeout=60)
+    assert err.value.name == "bad" and err.value.how == "exited with code 3"
+    procs["bad"].kill()
+
+
+def test_a_silent_child_times_out_and_its_group_is_killed(tmp_path):
+    procs, inbox = _child(tmp_path, "slow", "import time; time.sleep(300)")
+    with pytest.raises(NoResult, match=r"slow timed out after 1 s") as err:
+        wait_for_results(procs, inbox, ["slow"], timeout=1)
+    assert err.value.waiting == ["slow"]
+    procs["slow"].kill()
+    assert not psutil.pid_exists(procs["slow"].pid)
