@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from helpers import models
+
 
 class EvaluatorLoop:
     """Evaluate each checkpoint the PS announces; log test accuracy against wall time."""
@@ -12,8 +14,6 @@ class EvaluatorLoop:
         self.model, self.res, self.test = model, res, test
 
     def run(self) -> dict:
-        from helpers import models
-
         tf, raw = self.tf, self.tf.raw_ops
         evaluated = 0
         while True:

@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from helpers import files
+from helpers import compression, files, models
+from helpers.cluster import protocol
 from helpers.cluster.wire import DEAD, Header, Token
 
 
@@ -50,10 +51,8 @@ class PSLoop:
     """Hold the parameters, apply pushes by the rules of the mode, hand out step tokens."""
 
     def __init__(self, node, cfg, run_dir, log, model, res, worker_pids, test):
-        from helpers.cluster import protocol
-
         self.node, self.tf, self.cfg, self.run_dir, self.log = node, node.tf, cfg, run_dir, log
-        self.model, self.res, self.test, self.protocol = model, res, test, protocol
+        self.model, self.res, self.test = model, res, test
         self.worker_pids = {int(k): v for k, v in (worker_pids or {}).items()}
         self.alive = set(cfg.worker_ids)
         self.finished: set[int] = set()
@@ -66,8 +65,6 @@ class PSLoop:
         self.timed_out = False
         tf = self.tf
         self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
-        from helpers import compression
-
         self.comp = compression.from_spec(cfg.compress)  # decodes pushes, eagerly (cheap)
         self.shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.version = 0
@@ -99,7 +96,7 @@ class PSLoop:
                                        components=[self.tf.constant(token, self.tf.int64)])
 
     def _apply(self, grads_list, weights):
-        lr = self.protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
+        lr = protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
         apply_update(self.res.vars, self.res.version, grads_list, weights, lr,
                      self.cfg.momentum, [v.handle for v in self.velocity])
         self.version += 1
@@ -198,14 +195,14 @@ class PSLoop:
             alive = sorted(self.alive - self.finished)
         live = [self.clock[w] for w in alive]
         for w in alive:
-            more = self.protocol.ssp_grants(self.granted[w], live, self.cfg.staleness)
+            more = protocol.ssp_grants(self.granted[w], live, self.cfg.staleness)
             for _ in range(more):
                 self._grant(w, Token(clock=self.granted[w], slowest=min(live) if live else 0))
                 self.granted[w] += 1
 
     # ----------------------------------------------------------- main loop
     def run(self) -> dict:
-        tf, cfg, protocol = self.tf, self.cfg, self.protocol
+        tf, cfg = self.tf, self.cfg
         self._init_vars()
         watcher = threading.Thread(target=self._watch_workers, daemon=True)
         watcher.start()
@@ -248,7 +245,7 @@ class PSLoop:
             raise
 
     def _loop(self, agg, pushes, types):
-        raw, cfg, protocol, mode = self.tf.raw_ops, self.cfg, self.protocol, self.cfg.mode
+        raw, cfg, mode = self.tf.raw_ops, self.cfg, self.cfg.mode
         while self.version < cfg.steps:
             comps = raw.QueueDequeueV2(handle=self.res.grads, component_types=types)
             header = Header(*(int(v) for v in comps[0].numpy()))
@@ -337,8 +334,6 @@ class PSLoop:
                                            components=[self.tf.constant(-1, self.tf.int64)])
         for var, value in zip(self.model.trainable_variables, self._values()):
             var.assign(value)
-        from helpers import models
-
         acc = models.accuracy(self.model, *self.test)
         self.log.write("final", version=self.version, test_accuracy=acc, wall_s=time.time() - t0)
         return {"test_accuracy": acc, "version": self.version}

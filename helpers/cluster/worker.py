@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from helpers import compression
+from helpers.cluster import protocol
 from helpers.cluster.wire import GRAD, Header, Token, pack_by_dtype, unpack
 
 
@@ -20,8 +22,6 @@ class WorkerLoop:
     """Pull parameters, compute a gradient on a local batch, push it; wait when the mode says."""
 
     def __init__(self, node, cfg, log, model, res, x, y):
-        from helpers.cluster import protocol
-
         self.node, self.tf, self.cfg, self.log = node, node.tf, cfg, log
         self.model, self.res, self.x, self.y = model, res, x, y
         self.downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
@@ -30,8 +30,6 @@ class WorkerLoop:
                     for v in model.trainable_variables]
         self.version_read = tf.Variable(tf.constant(0, tf.int64), trainable=False)
         self.rng = np.random.default_rng([cfg.seed, node.task])
-        from helpers import compression
-
         shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.comp = compression.from_spec(cfg.compress)
         # what a compressed push did not send, added to the next push (error feedback)
