@@ -1,9 +1,10 @@
 """Writes that are all or nothing: a reader (or a crash) never sees a half-written file.
 
-Everything the project caches or hands between processes (sweep records, checkpoints and
-their `latest.json`, notebook 01's features, the row file of notebook 08) is written to a
-temporary name in the same folder and renamed over the target only once complete; `os.replace`
-is atomic on one file system.
+What the project caches, and what one process reads while another may be writing it (sweep
+records, checkpoints and their `latest.json`, notebook 01's features, notebook 08's row file),
+is written to a temporary name in the same folder and renamed over the target only once
+complete; `os.replace` is atomic on one file system. Files written once before the process
+that reads them starts (a cluster's config, a child's job file) need none of this.
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+_UMASK = os.umask(0o022)  # read the umask (the only way), then put it back
+os.umask(_UMASK)
 
 
 @contextmanager
@@ -35,6 +39,8 @@ def atomic_path(path: Path, suffix: str = ".tmp", directory: bool = False) -> It
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
         os.close(fd)
         tmp = Path(name)
+    # mkstemp and mkdtemp make owner-only files: give what a plain write would
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~_UMASK)
     try:
         yield tmp
         if directory and path.exists():

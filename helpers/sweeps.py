@@ -56,7 +56,7 @@ def run_sweep(name: str, configs: Iterable[dict], run: Callable[[dict], dict],
 def clear_sweep(name: str) -> int:
     """Delete a sweep's cached runs; return how many files were removed."""
     folder = _config.runs_dir("sweeps", name)
-    files = list(folder.glob("*.json"))
-    for f in files:
+    records = list(folder.glob("*.json"))
+    for f in records:
         f.unlink()
-    return len(files)
+    return len(records)

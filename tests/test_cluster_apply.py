@@ -1,4 +1,4 @@
-"""The PS's update rule (node.apply_update) against NumPy: SGD and momentum, one push or a
+"""The PS's update rule (ps.apply_update) against NumPy: SGD and momentum, one push or a
 weighted sum of several, on local TF variables (no cluster needed)."""
 import numpy as np
 import pytest

@@ -45,3 +45,12 @@ def test_a_folder_is_replaced_only_when_complete(tmp_path):
         (tmp / "b.txt").write_text("third")
     assert sorted(p.name for p in folder.iterdir()) == ["b.txt"]
     assert _leftovers(tmp_path) == []
+
+
+def test_written_files_get_the_permissions_of_a_plain_write(tmp_path):
+    import os
+
+    plain = tmp_path / "plain.json"
+    plain.write_text("{}")
+    files.write_json(tmp_path / "atomic.json", {})
+    assert (os.stat(tmp_path / "atomic.json").st_mode & 0o777) == (os.stat(plain).st_mode & 0o777)

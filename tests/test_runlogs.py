@@ -9,7 +9,7 @@ from sklearn.metrics import accuracy_score, log_loss
 from helpers import runlogs
 from helpers import models
 from helpers.cluster import protocol
-from helpers.cluster.launcher import Run
+from helpers.cluster.run import Run
 
 T0 = 1000.0
 

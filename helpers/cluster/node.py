@@ -100,7 +100,6 @@ class Node:
                 pass
 
 
-
 def main(argv=None) -> int:
     """Parse arguments, start the TF server or client, then serve run commands."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,7 +1,7 @@
 """Pure-Python rules of parameter-server training: who may step, which gradients count, how much.
 
-Nothing here imports TensorFlow, so every rule is unit-tested on its own and the node
-processes (node.py) only move tensors around according to these rules.
+Nothing here imports TensorFlow, so every rule is unit-tested on its own and the processes
+(ps.py, worker.py) only move tensors around according to these rules.
 """
 from __future__ import annotations
 

@@ -108,7 +108,8 @@ class PSLoop:
         name = f"ckpt-{self.version:07d}.npz"
         with files.atomic_path(ckpt_dir / name, ".npz") as tmp:
             np.savez(tmp, **{f"w{i}": v for i, v in enumerate(self._values())})
-        files.write_json(ckpt_dir / "latest.json", {"file": name, "version": self.version})
+        files.write_json(ckpt_dir / "latest.json", {"file": name, "version": self.version},
+                         indent=1)
         self.log.write("checkpoint", version=self.version, file=name)
         self.last_ckpt = self.version
         if self.cfg.evaluator:

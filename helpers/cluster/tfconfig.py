@@ -131,10 +131,11 @@ class TFConfigCluster:
         try:
             return wait_for_results(self.procs, self.inbox, tasks, self.timeout)
         except NoResult as exc:
-            if exc.how.startswith("timed out"):
-                self._fail(f"{exc.how} waiting for {exc.waiting}", exc.name)
-            self._fail(f"{exc.name} (pid {self.procs[exc.name].pid}) {exc.how} "
-                       "before reporting a result", exc.name)
+            failed = exc
+        if failed.how.startswith("timed out"):
+            self._fail(f"{failed.how} waiting for {failed.waiting}", failed.name)
+        self._fail(f"{failed.name} (pid {self.procs[failed.name].pid}) {failed.how} "
+                   "before reporting a result", failed.name)
 
     def _fail(self, what: str, name: str):
         log = self.procs[name].log_path
