@@ -1,19 +1,24 @@
 """Train LeNet under MirroredStrategy, one configuration per child process.
 
-Notebook 04 compares many (replicas, batch, learning rate) configurations. Trained one after
-another in the kernel, they crashed TensorFlow 2.21's runtime now and then (SIGSEGV in a
-compute thread, which kills the kernel and the lesson with it; see
-bench/mirrored_crash_repro.py). Here every configuration runs in its own process
-(`python -m helpers.mirrored job.json`): it sets up exactly the devices it needs, trains,
-measures its own CPU% and peak memory, and prints one JSON line. A process killed by a signal
-costs one configuration: it is reported and run once more. The process plumbing (dying with
-the parent, one process group, log tails) is helpers/processes.py.
+Notebook 04 compares many (replicas, batch, learning rate) configurations. Trained with Keras
+under a MirroredStrategy, they crashed TensorFlow 2.21's runtime now and then (SIGSEGV in a
+compute thread), more often the busier the machine. The trigger (bench/mirrored_crash_repro.py,
+with faulthandler stacks of the crashed processes): under a strategy, Keras' `evaluate` and
+`fit` first pull one batch through a fresh distributed iterator and drop it at once, and
+dropping it while its prefetch is in flight lets a TF thread run through freed memory. So the
+test accuracy here comes from plain forward passes (`models.accuracy`), not `evaluate`. And
+every configuration runs in its own process (`python -m helpers.mirrored job.json`): it sets up
+exactly the devices it needs, trains, measures its own CPU% and peak memory, and prints one
+JSON line. A process killed by a signal costs one configuration: it is reported with its
+Python stack (faulthandler) and run once more. The process plumbing (dying with the parent,
+one process group, log tails) is helpers/processes.py.
 
 What the lesson is about, the strategy and its scope, is `train` below: short enough to read
 with `mirrored.train??`.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import math
 import os
@@ -127,7 +132,7 @@ def train(spec: dict) -> dict:
     strategy = strategy_over(configure_devices(spec["replicas"]))  # before any other TF op
     import keras
 
-    from helpers.models import build, load_arrays
+    from helpers.models import accuracy, build, load_arrays
     from helpers.resources import ResourceMonitor
 
     config.set_seed(spec["seed"])
@@ -136,8 +141,7 @@ def train(spec: dict) -> dict:
     with strategy.scope():  # variables and optimizer slots: one copy per replica
         model = build("lenet", (28, 28, 1), 10, spec["seed"])
         model.compile(optimizer=keras.optimizers.deserialize(spec["optimizer"]),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     batches = spec["batches"]
     if spec["warmup"]:
         model.fit(x[:2 * batches[0]], y[:2 * batches[0]], batch_size=batches[0], verbose=0)
@@ -153,7 +157,10 @@ def train(spec: dict) -> dict:
             out["epoch_s"].append(time.perf_counter() - t0)
             out["examples"].append(m)
             if spec["evaluate"] == "epoch" or epoch == len(batches) - 1:
-                out["test_acc"].append(float(model.evaluate(xt, yt, batch_size=1000, verbose=0)[1]))
+                # not model.evaluate: under a strategy it builds a distributed iterator, pulls
+                # one batch and drops it, and dropping it mid-prefetch can crash TF (see
+                # bench/mirrored_crash_repro.py); plain forward passes need no iterator
+                out["test_acc"].append(accuracy(model, xt, yt, batch=1000))
     return {**out, **monitor.summary()[os.getpid()]}
 
 
@@ -200,6 +207,7 @@ def _inject_fault(spec: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
+    faulthandler.enable(all_threads=True)  # a crash prints every thread's Python stack to the log
     spec = json.loads(open(argv[0]).read())
     _inject_fault(spec)
     print(json.dumps({"event": "done", "result": train(spec)}), flush=True)
