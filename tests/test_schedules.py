@@ -55,3 +55,11 @@ def test_constant_drives_a_keras_optimizer_and_round_trips():
 def test_bad_arguments_are_refused_with_the_value(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_rates_of_many_schedules_log_no_retracing_warning(caplog):
+    decay = keras.optimizers.schedules.ExponentialDecay
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        for factor in (0.9, 0.92, 0.94, 0.96, 0.98, 1.02, 1.04):  # past TF's limit of 5
+            schedules.rates(decay(0.5, 100, factor), 50)
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
