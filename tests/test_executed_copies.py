@@ -50,6 +50,19 @@ def test_no_cell_writes_to_stderr(build, name):
     assert not stray, "\n".join(f"cell {i}: {line}" for i, line in stray[:20])
 
 
+# TF's own log lines, wherever a cell's stream put them (its Python logger may write to
+# stdout in a kernel): the causes that are ours are fixed, the rest silenced in helpers/.
+TF_NOISE = re.compile(r"WARNING:tensorflow|INFO:tensorflow|retracing|absl::|cpu_feature_guard")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_no_tensorflow_log_lines_in_any_output(build, name):
+    noise = [(i, line) for i, out in outputs(build / f"{name}.ipynb")
+             if out.get("output_type") == "stream" for line in out["text"].splitlines()
+             if TF_NOISE.search(line)]
+    assert not noise, "\n".join(f"cell {i}: {line}" for i, line in noise[:20])
+
+
 def bars(path) -> list[str]:
     texts = [out.get("data", {}).get("text/plain", "") for _, out in outputs(path)]
     return [t for t in texts if BAR.search(t)]
