@@ -40,6 +40,8 @@ class EventTail:
         new = []
         for path in sorted(self.run_dir.glob("*.jsonl")):
             start = self.offsets.get(path, 0)
+            if path.stat().st_size == start:  # polled every 0.2 s: open only what grew
+                continue
             with open(path, "rb") as f:
                 f.seek(start)
                 chunk = f.read()
