@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# pip's own output goes here, not to the terminal: a site's pip configuration can make it print
+# many harmless warnings, which would bury the lesson's output. On failure its tail is shown.
+PIPLOG := $(VENV)/pip-install.log
 # Seconds a single notebook cell may take before nbval / nbconvert give up on it.
 CELL_TIMEOUT ?= 900
 
@@ -23,8 +26,10 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed, $(PYTHON) is " + sys.version.split()[0] + ": run make PYTHON=python3.11 (or newer)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	@echo "installing packages into $(VENV) (pip's log: $(PIPLOG)) ..."
+	@$(PY) -m pip install --upgrade pip > $(PIPLOG) 2>&1 \
+	  && $(PY) -m pip install -e . >> $(PIPLOG) 2>&1 \
+	  || { tail -n 40 $(PIPLOG) >&2; echo "make venv: pip failed, the whole log is in $(PIPLOG)" >&2; exit 1; }
 	touch $@
 
 data: $(STAMP)
