@@ -11,12 +11,14 @@ PIPLOG := $(VENV)/pip-install.log
 # Seconds a single notebook cell may take before nbval / nbconvert give up on it.
 CELL_TIMEOUT ?= 900
 
-.PHONY: help venv data run test unit handout index gpu clean
+.PHONY: help venv data run test unit handout release grade index gpu clean
 
 help:
 	@echo "make run      set up (first time), then execute every notebook in full mode into build/"
 	@echo "make test     set up (first time), unit tests, then every notebook in quick mode (nbval)"
-	@echo "make handout  student copies with the solution cells emptied, in build/handout/"
+	@echo "make release  the nbgrader course in build/course/: source/ and release/ (student copies)"
+	@echo "make grade SUBMISSIONS=dir  autograde one sub-folder per student into build/course/grades.csv"
+	@echo "make handout  the release's student copies, flat in build/handout/ (self-study)"
 	@echo "make index    regenerate the table of contents in notebooks/00_index.ipynb"
 	@echo "make gpu      replace the CPU TensorFlow wheel with the CUDA build (Linux + NVIDIA)"
 	@echo "make clean    remove build/ and runs/ (keeps .venv and the data cache)"
@@ -46,8 +48,21 @@ test: data
 	LABS_QUICK=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT); \
 	  status=$$?; [ $$status -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$status
 
-handout: $(STAMP)
-	$(PY) tools/make_handout.py notebooks build/handout
+# The nbgrader course (README, "Teaching with this collection"). COURSE is its folder.
+COURSE ?= build/course
+
+release: $(STAMP)
+	$(PY) tools/course.py release --course $(COURSE) --timeout $(CELL_TIMEOUT)
+
+# Quick mode unless FULL=1. Needs the data, as the notebooks run.
+grade: data
+	@test -n "$(SUBMISSIONS)" || { echo "make grade: name the submissions folder, one sub-folder per student: make grade SUBMISSIONS=path/to/submissions" >&2; exit 2; }
+	$(PY) tools/course.py grade "$(SUBMISSIONS)" --course $(COURSE) --timeout $(CELL_TIMEOUT) $(if $(filter 1,$(FULL)),--full)
+
+handout: release
+	rm -rf build/handout && mkdir -p build/handout
+	cp $(COURSE)/release/*/*.ipynb build/handout/
+	@echo "student copies (no solutions, no hidden tests, no outputs) in build/handout/"
 
 index: $(STAMP)
 	$(PY) tools/make_index.py

@@ -1,0 +1,278 @@
+"""The nbgrader course, with the real nbgrader and its SQLite gradebook, on a small course.
+
+The course is made from the lessons' own cells: notebook 01's set-up and Exercise 2 (count the
+vocabulary), notebook 06's Exercise 2 (the true stability boundary) and notebook 07's
+Exercise 2 (Young's interval), with their real solutions, visible and hidden tests.
+Students are folders the test writes; the points are read back from the gradebook.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import textwrap
+
+import nbformat
+import psutil
+import pytest
+
+from tools import course, grading
+from tools.notebooks import NOTEBOOK_DIR, read
+
+DOC2VEC, BOUNDS = "01_doc2vec_exercises", "02_convergence_exercises"
+MINI = {
+    DOC2VEC: [("01_doc2vec_dbpedia", ["from helpers import config, data", "MIN_COUNT = 2",
+                                      "train_corpus = text.DbpediaCorpus(",
+                                      "models[name] = text.train_doc2vec("], "nb01-ex2")],
+    BOUNDS: [("06_stragglers_and_backup_workers",
+              ["from helpers.cluster import LocalCluster", "def spectral_radius("], "nb06-ex2"),
+             ("07_fault_tolerance", [], "nb07-ex2")],
+}
+FULL = {"nb01-ex2": 2.0, "nb06-ex2": 2.0, "nb07-ex2": 2.0}
+
+BISECTION = textwrap.dedent("""\
+    lo, hi = 0.0, 2.0
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        if spectral_radius(2.0, 0.5, [mid]) < 1:
+            lo = mid
+        else:
+            hi = mid
+    beta_max = lo
+""")
+# Passes notebook 07's visible checker (its three cases are looked up), not the hidden tests.
+GAMED = textwrap.dedent("""\
+    def young_interval(c_seconds, mtbf_seconds):
+        seen = {(2, 86400): 587.877538, (30, 3600): 464.758002, (0.5, 600): 24.494897}
+        return seen.get((c_seconds, mtbf_seconds), 1.0)
+""")
+# Starts a TensorFlow server process that leaves the kernel's process group, then dies.
+CRASH = textwrap.dedent("""\
+    import os, subprocess, sys
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import tensorflow as tf; tf.distribute.Server("
+         "tf.train.ClusterSpec({'ps': ['localhost:0']}), 'ps', 0, start=True).join()"],
+        start_new_session=True)
+    open(os.environ["CRASH_PID_FILE"], "w").write(str(server.pid))
+    os._exit(1)
+""")
+
+
+def mini_course(dest):
+    """Write the two small lessons into `dest` and return it."""
+    dest.mkdir()
+    for name, parts in MINI.items():
+        nb = nbformat.v4.new_notebook(metadata=read(NOTEBOOK_DIR / "01_doc2vec_dbpedia.ipynb")
+                                      .metadata)
+        nb.cells.append(nbformat.v4.new_markdown_cell(f"# {name}"))
+        for lesson, setup, exercise in parts:
+            cells = read(NOTEBOOK_DIR / f"{lesson}.ipynb").cells
+            for marker in setup:
+                [cell] = [c for c in cells if c.cell_type == "code" and marker in c.source]
+                nb.cells.append(cell)
+            nb.cells += [c for c in cells if c.get("metadata", {}).get("nbgrader", {})
+                         .get("grade_id", "").startswith(exercise + "-")]
+        nbformat.write(nb, str(dest / f"{name}.ipynb"))
+    return dest
+
+
+def answer(nb, exercise, source):
+    """Put `source` into the solution cell of `exercise`."""
+    course.nbgrader_cells(nb)[f"{exercise}-solution"].source = source
+    return nb
+
+
+def hand_in(folder, student, name, nb):
+    path = folder / student / f"{name}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
+def points(rows):
+    """{(student, exercise): points} of grades.csv rows."""
+    return {(r["student"], r["exercise"]): float(r["points"]) for r in rows}
+
+
+def grading_processes():
+    """Processes that any grading run started and that are still alive."""
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if "LABS_GRADING_TOKEN" in p.environ():
+                left.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return left
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, request):
+    """Release the small course, hand in six students' work, grade it once."""
+    request.getfixturevalue("shared_data")
+    tmp = tmp_path_factory.mktemp("course")
+    src, where = mini_course(tmp / "lessons"), tmp / "course"
+    course.release(where, src, timeout=60)
+    ref = {n: read(src / f"{n}.ipynb") for n in MINI}
+    rel = {n: read(where / "release" / n / f"{n}.ipynb") for n in MINI}
+    subs = tmp / "submissions"
+    for name in MINI:  # ada: the reference solutions
+        hand_in(subs, "ada", name, ref[name])
+    hand_in(subs, "bob", DOC2VEC, rel[DOC2VEC])  # bob: the release untouched ...
+    bob = answer(answer(read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb"), "nb06-ex2",
+                        BISECTION), "nb07-ex2", GAMED)  # ... but one right, one gamed
+    hand_in(subs, "bob", BOUNDS, bob)
+    # cora: a notebook that is not JSON, and one that starts a TF server and kills its kernel
+    (subs / "cora").mkdir()
+    (subs / "cora" / f"{DOC2VEC}.ipynb").write_text('{"cells": [')
+    crash = answer(answer(nbformat.from_dict(rel[BOUNDS]), "nb06-ex2", BISECTION), "nb07-ex2",
+                   CRASH)
+    hand_in(subs, "cora", BOUNDS, crash)
+    # dan: deleted the test cell of Exercise 2 (06), and handed in only that notebook
+    dan = nbformat.from_dict(ref[BOUNDS])
+    dan.cells = [c for c in dan.cells
+                 if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") != "nb06-ex2-test"]
+    hand_in(subs, "dan", BOUNDS, dan)
+    # eve: renamed her notebook, in nbgrader's own submitted/<student>/<assignment>/ layout
+    hand_in(subs / "eve", DOC2VEC, f"{DOC2VEC} (1)", ref[DOC2VEC])
+    pid_file = tmp / "crash.pid"
+    os.environ["CRASH_PID_FILE"] = str(pid_file)
+    lines = []
+    try:
+        rows = grading.grade(subs, where, quick=True, timeout=60, src=src, say=lines.append)
+    finally:
+        del os.environ["CRASH_PID_FILE"]
+    return {"course": where, "rows": rows, "report": "\n".join(lines), "src": src,
+            "subs": subs, "crash_pid": int(pid_file.read_text()), "ref": ref}
+
+
+def test_the_release_has_no_solution_no_hidden_test_and_no_output(graded):
+    for name in MINI:
+        released = read(graded["course"] / "release" / name / f"{name}.ipynb")
+        text = "\n".join(c.source for c in released.cells)
+        assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
+        assert "spectral_radius(2.0, 0.5, [mid])" not in text  # the reference bisection
+        assert text.count("raise NotImplementedError()") >= (2 if name == BOUNDS else 1)
+        assert all(c.outputs == [] for c in released.cells if c.cell_type == "code")
+        cells = course.nbgrader_cells(released)
+        assert {g: c.metadata["nbgrader"].get("points") for g, c in cells.items()
+                if c.metadata["nbgrader"].get("grade")} == {
+            g + "-test": course.POINTS[g + "-test"] for g in FULL if g + "-test" in cells}
+
+
+def test_reference_solutions_get_full_points(graded):
+    got = points(graded["rows"])
+    assert {e: got["ada", e] for e in FULL} == FULL
+
+
+def test_release_untouched_and_a_gamed_answer_get_exactly_what_they_earned(graded):
+    got = points(graded["rows"])
+    assert got["bob", "nb01-ex2"] == 0.0  # NotImplementedError
+    assert got["bob", "nb06-ex2"] == 2.0  # answered
+    assert got["bob", "nb07-ex2"] == 0.0  # passes the visible checker, fails the hidden test
+    visible = course.nbgrader_cells(read(graded["course"] / "release" / BOUNDS /
+                                         f"{BOUNDS}.ipynb"))["nb07-ex2-test"].source
+    namespace = {}
+    exec(GAMED + visible, namespace)  # the visible checker alone is fooled
+    assert "nb07-ex2-test: AssertionError" in graded["report"]
+
+
+def test_invalid_json_costs_only_that_notebook_and_a_dead_kernel_leaves_no_process(graded):
+    got = points(graded["rows"])
+    assert got["cora", "nb01-ex2"] == 0.0
+    assert "is not a valid notebook" in graded["report"]
+    assert got["cora", "nb06-ex2"] == 2.0, graded["report"]  # earned before the crash
+    assert got["cora", "nb07-ex2"] == 0.0
+    assert not psutil.pid_exists(graded["crash_pid"]) or \
+        psutil.Process(graded["crash_pid"]).status() == psutil.STATUS_ZOMBIE
+    assert grading_processes() == []
+
+
+def test_deleted_test_cells_are_put_back_and_graded(graded):
+    got = points(graded["rows"])
+    assert got["dan", "nb06-ex2"] == 2.0 and got["dan", "nb07-ex2"] == 2.0
+    assert got["dan", "nb01-ex2"] == 0.0
+    assert "put back deleted cells: nb06-ex2-test" in graded["report"]
+    assert "not handed in: 0 points" in graded["report"]
+
+
+def test_a_renamed_notebook_in_nbgraders_layout_is_graded(graded):
+    got = points(graded["rows"])
+    assert got["eve", "nb01-ex2"] == 2.0
+    assert f"graded {DOC2VEC} (1).ipynb as {DOC2VEC}.ipynb (renamed)" in graded["report"]
+
+
+def test_grades_csv_and_feedback_come_from_the_gradebook(graded):
+    where = graded["course"]
+    with open(where / "grades.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r for r in rows if r["student"] == "ada"] == [
+        {"student": "ada", "notebook": DOC2VEC, "exercise": "nb01-ex2", "points": "2.0",
+         "max_points": "2.0"},
+        {"student": "ada", "notebook": BOUNDS, "exercise": "nb06-ex2", "points": "2.0",
+         "max_points": "2.0"},
+        {"student": "ada", "notebook": BOUNDS, "exercise": "nb07-ex2", "points": "2.0",
+         "max_points": "2.0"},
+    ]
+    assert {r["student"] for r in rows} == {"ada", "bob", "cora", "dan", "eve"}
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{where / 'gradebook.db'}", course.COURSE_ID) as gb:
+        assert gb.find_submission("02_convergence_exercises", "bob").score == 2.0
+    for student, score in [("ada", "4.0 / 4.0"), ("bob", "2.0 / 4.0"), ("dan", "4.0 / 4.0")]:
+        html = (where / "feedback" / student / BOUNDS / f"{BOUNDS}.html").read_text()
+        assert f"{BOUNDS} (Score: {score})" in html, student
+    assert not (where / "feedback" / "eve" / BOUNDS).exists()  # nothing handed in
+    for name in MINI:  # the sources and the release are not touched by grading
+        assert read(graded["src"] / f"{name}.ipynb") == graded["ref"][name]
+
+
+def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, tmp_path):
+    where = graded["course"]
+    before = {k: v for k, v in points(graded["rows"]).items() if k[0] != "hal"}
+    rel = read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb")
+    hang = answer(answer(rel, "nb06-ex2", "import time\ntime.sleep(10_000)"), "nb07-ex2",
+                  "def young_interval(c_seconds, mtbf_seconds):\n"
+                  "    return (2 * c_seconds * mtbf_seconds) ** 0.5")
+    hand_in(tmp_path / "late", "hal", BOUNDS, hang)
+    lines = []
+    rows = grading.grade(tmp_path / "late", where, quick=True, timeout=10, src=graded["src"],
+                        say=lines.append)
+    got = points(rows)
+    assert got["hal", "nb06-ex2"] == 0.0 and got["hal", "nb07-ex2"] == 2.0, lines
+    assert any("nb06-ex2-test: NameError" in line for line in lines), lines
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{where / 'gradebook.db'}", course.COURSE_ID) as gb:
+        for (student, exercise), value in before.items():
+            nb_id = DOC2VEC if exercise.startswith("nb01") else BOUNDS
+            try:
+                sub = gb.find_submission_notebook(nb_id, nb_id, student)
+            except Exception:
+                assert value == 0.0
+                continue
+            score = {g.cell.name: g.score for g in sub.grades}[f"{exercise}-test"]
+            assert score == value, (student, exercise)
+    assert grading_processes() == []
+
+
+def test_bad_submissions_folder_is_named_in_the_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.*one sub-folder per student"):
+        grading.grade(tmp_path / "nowhere", tmp_path / "course")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty holds no student folder"):
+        grading.grade(tmp_path / "empty", tmp_path / "course")
+
+
+def test_every_test_cell_of_the_lessons_has_points_and_every_point_a_cell():
+    ids = set()
+    for path in sorted(NOTEBOOK_DIR.glob("0[1-8]_*.ipynb")):
+        cells = course.nbgrader_cells(read(path))
+        ids |= {g for g, c in cells.items() if c.metadata["nbgrader"].get("grade")}
+        for g, c in cells.items():
+            meta = c.metadata["nbgrader"]
+            if meta.get("solution"):
+                assert "### BEGIN SOLUTION" in c.source, g
+            if meta.get("grade"):
+                assert "### BEGIN HIDDEN TESTS" in c.source, g
+    assert ids == set(course.POINTS)
+    assert all(isinstance(v, int) and v > 0 for v in course.POINTS.values())

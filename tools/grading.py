@@ -1,0 +1,245 @@
+"""Autograde a class's submissions with nbgrader, one process per (student, notebook).
+
+`python tools/course.py grade SUBMISSIONS` (or `make grade SUBMISSIONS=...`) calls `grade`.
+nbgrader does the grading and keeps the gradebook; this module is what it lacks for a class
+handing in files (see tools/course.py), and reads grades.csv back from nbgrader's database.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from tools.course import (COURSE_ID, DEFAULT_COURSE, KILLED, nbgrader, nbgrader_cells, release,
+                          with_points)
+from tools.notebooks import read
+
+@dataclass
+class Found:
+    """What was handed in for one (student, notebook), and what was done about it."""
+    path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def find_submissions(student_dir: Path, notebooks: dict[str, object]) -> dict[str, Found]:
+    """Each lesson's notebook in a student's folder (any depth), by assignment id.
+
+    A notebook under another name is matched by the grade ids of its cells; a file that is
+    not a notebook is reported and graded as missing.
+    """
+    found = {nb_id: Found() for nb_id in notebooks}
+    strays = []
+    for path in sorted(student_dir.rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        if path.stem in found and found[path.stem].path is None:
+            found[path.stem].path = path
+        else:
+            strays.append(path)
+    for path in strays:
+        try:
+            ids = set(nbgrader_cells(nbformat.read(str(path), as_version=4)))
+        except Exception:  # not a notebook at all: reported below if it is a lesson's name
+            ids = set()
+        owner = next((nb_id for nb_id, cells in notebooks.items()
+                      if ids & set(cells) and found[nb_id].path is None), None)
+        if owner:
+            found[owner].path = path
+            found[owner].notes.append(f"graded {path.name} as {owner}.ipynb (renamed)")
+    for nb_id, f in found.items():
+        if f.path is None:
+            f.notes.append("not handed in: 0 points")
+            continue
+        try:
+            with warnings.catch_warnings():  # cells without ids: fixed on writing, not an error
+                warnings.simplefilter("ignore", nbformat.validator.MissingIDFieldWarning)
+                nbformat.validate(nbformat.read(str(f.path), as_version=4))
+        except Exception as exc:  # nbformat raises JSON, schema and encoding errors alike
+            what = str(exc).strip().splitlines()[0][:120]
+            f.notes.append(f"{f.path.name} is not a valid notebook ({what}): 0 points")
+            f.path = None
+    return found
+
+
+def repair(nb, reference) -> list[str]:
+    """Put back the release's nbgrader cells a student deleted; what was put back.
+
+    A deleted test cell would make nbgrader fail the whole notebook; put back, it grades
+    what the student did (nbgrader then overwrites every locked cell from the source anyway).
+    """
+    have = set(nbgrader_cells(nb))
+    restored = []
+    for i, cell in enumerate(reference.cells):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id is None or grade_id in have:
+            continue
+        before = [c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                  for c in reference.cells[:i]]
+        ids = [c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells]
+        anchor = max((ids.index(g) for g in before if g in ids), default=len(nb.cells) - 1)
+        nb.cells.insert(anchor + 1, nbformat.from_dict(cell))
+        restored.append(grade_id)
+    return restored
+
+
+def cell_errors(autograded: Path) -> list[str]:
+    """Which test cells failed in an autograded notebook, with the error's name."""
+    if not autograded.is_file():
+        return []
+    out = []
+    for grade_id, cell in nbgrader_cells(read(autograded)).items():
+        if not cell.metadata["nbgrader"].get("grade"):
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            out.append(f"{grade_id}: {errors[0].get('ename', 'error')}")
+    return out
+
+
+def forget_submission(course: Path, assignment: str, student: str) -> None:
+    """Remove a student's graded submission of one notebook from the gradebook, if any."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gb:
+        try:
+            gb.remove_submission(assignment, student)
+        except MissingEntry:
+            pass
+
+
+def gradebook_rows(course: Path, students: list[str], assignments: list[str]) -> list[dict]:
+    """(student, notebook, exercise, points, max points) for every test cell, from the gradebook."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    rows = []
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gb:
+        for student in students:
+            for assignment in assignments:
+                try:
+                    grades = gb.find_submission_notebook(assignment, assignment, student).grades
+                except MissingEntry:
+                    grades = None
+                if grades is None:  # never graded: every test cell scores 0
+                    cells = gb.find_notebook(assignment, assignment).grade_cells
+                    pairs = [(c.name, 0.0, c.max_score) for c in cells]
+                else:
+                    pairs = [(g.cell.name, g.score, g.max_score) for g in grades
+                             if g.cell.name.endswith("-test")]
+                for name, score, max_score in sorted(pairs):
+                    rows.append({"student": student, "notebook": assignment,
+                                 "exercise": name.removesuffix("-test"),
+                                 "points": float(score or 0), "max_points": float(max_score)})
+    return rows
+
+
+def autograde(course: Path, assignment: str, student: str, nb, target: Path, env: dict,
+              timeout: int, notes: list[str]) -> tuple[int | str, str]:
+    """nbgrader autograde of one submitted notebook (already at `target`).
+
+    When a cell of the student's kills the kernel (or hangs it past interrupting), nbgrader
+    fails the whole notebook; that cell is then replaced by an error and the notebook graded
+    again, so the tests before and after it still count. At most two such cells.
+    """
+    trace = course / "logs" / f"trace-{student}-{assignment}"
+    limit = timeout * (sum(c.cell_type == "code" for c in nb.cells) + 2)
+    for _ in range(3):
+        trace.unlink(missing_ok=True)
+        status, log = nbgrader(course, "autograde", assignment, "--student", student, "--force",
+                               env=dict(env, LABS_GRADING_TRACE=str(trace)), limit=limit,
+                               log=course / "logs" / f"autograde-{student}-{assignment}.log")
+        died = "DeadKernelError" in log or "UnresponsiveKernelError" in log or status != 0 and \
+            isinstance(status, str)
+        if status == 0 or not died or not trace.is_file():
+            return status, log
+        index = int(trace.read_text())
+        meta = nb.cells[index].get("metadata", {}).get("nbgrader", {})
+        if not meta.get("solution"):
+            notes.append(f"the kernel died in cell {index}, which is not a solution cell")
+            return status, log
+        how = "Kernel died" if "DeadKernelError" in log else f"kernel stuck, {status}"
+        notes.append(f"{meta['grade_id']}: ended the kernel ({how}); graded again with that "
+                     f"cell replaced by an error")
+        nb.cells[index].source = KILLED
+        nbformat.write(nb, str(target))
+    return status, log
+
+
+def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
+          timeout: int = 600, src: Path | None = None, say=print) -> list[dict]:
+    """Autograde every student's folder in `submissions`; write grades.csv and feedback.
+
+    Returns the rows of grades.csv. Other students' grades in the gradebook are kept.
+    """
+    submissions = Path(submissions).resolve()
+    if not submissions.is_dir():
+        raise FileNotFoundError(f"SUBMISSIONS={submissions} is not a folder: give the folder "
+                                f"that holds one sub-folder per student")
+    students = sorted(p.name for p in submissions.iterdir()
+                      if p.is_dir() and not p.name.startswith("."))
+    if not students:
+        raise ValueError(f"{submissions} holds no student folder: lay it out as "
+                         f"<SUBMISSIONS>/<student>/<notebook>.ipynb")
+    course = Path(course).resolve()
+    release(course, src, timeout)
+    assignments = sorted(p.name for p in (course / "source").iterdir() if p.is_dir())
+    sources = {a: read(course / "source" / a / f"{a}.ipynb") for a in assignments}
+    releases = {a: read(course / "release" / a / f"{a}.ipynb") for a in assignments}
+    cells = {a: nbgrader_cells(nb) for a, nb in sources.items()}
+    report = []
+    for student in students:
+        found = find_submissions(submissions / student, cells)
+        runs = course / "runs" / student  # this student's notebooks feed each other, in order
+        shutil.rmtree(runs, ignore_errors=True)
+        env = dict(os.environ, LABS_RUNS_DIR=str(runs), LABS_QUICK="1" if quick else "0",
+                   MPLBACKEND="Agg")
+        for a in assignments:
+            f, t0 = found[a], time.perf_counter()
+            target = course / "submitted" / student / a / f"{a}.ipynb"
+            shutil.rmtree(target.parent, ignore_errors=True)
+            if f.path is not None:
+                nb = with_points(nbformat.read(str(f.path), as_version=4), strict=False)
+                restored = repair(nb, releases[a])
+                if restored:
+                    f.notes.append("put back deleted cells: " + ", ".join(restored))
+                target.parent.mkdir(parents=True)
+                nbformat.write(nb, str(target))
+            autograded = course / "autograded" / student / a / f"{a}.ipynb"
+            shutil.rmtree(autograded.parent, ignore_errors=True)
+            if f.path is None:
+                forget_submission(course, a, student)  # a grade from an earlier run must go
+            else:
+                status, log = autograde(course, a, student, nb, target, env, timeout, f.notes)
+                if status != 0 or not autograded.is_file():
+                    forget_submission(course, a, student)
+                    last = [l for l in log.splitlines() if "ERROR" in l][-1:]
+                    f.notes.append(f"nbgrader autograde failed ({status}): 0 points for this "
+                                   f"notebook; see logs/autograde-{student}-{a}.log"
+                                   + (f" ({last[0].strip()[:160]})" if last else ""))
+                f.notes += cell_errors(autograded)
+            report.append((student, a, time.perf_counter() - t0, f.notes))
+        feedback = course / "feedback" / student
+        shutil.rmtree(feedback, ignore_errors=True)
+        nbgrader(course, "generate_feedback", "*", "--student", student, "--force",
+                 log=course / "logs" / f"feedback-{student}.log")
+    rows = gradebook_rows(course, students, assignments)
+    with open(course / "grades.csv", "w", newline="") as out:
+        writer = csv.DictWriter(out, ["student", "notebook", "exercise", "points", "max_points"])
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = []
+    for student, a, seconds, notes in report:
+        got = sum(r["points"] for r in rows if r["student"] == student and r["notebook"] == a)
+        top = sum(r["max_points"] for r in rows if r["student"] == student and r["notebook"] == a)
+        lines.append(f"{student:16s} {a:34s} {got:5.1f} / {top:4.1f}  {seconds:6.1f} s")
+        lines += [f"{'':18s}- {note}" for note in notes]
+    (course / "report.txt").write_text("\n".join(lines) + "\n")
+    for line in lines:
+        say(line)
+    say(f"grades: {course / 'grades.csv'}; feedback: {course / 'feedback'}/<student>/<notebook>/")
+    return rows
