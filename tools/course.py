@@ -164,6 +164,7 @@ def end_processes(token: str, proc: subprocess.Popen | None = None) -> list[int]
 def release(course: Path = DEFAULT_COURSE, src: Path | None = None, timeout: int = 600
             ) -> list[Path]:
     """Write the course folder: source/ with points, release/ for students; their paths."""
+    course = Path(course).resolve()  # nbgrader reads the root relative to the course folder
     course.mkdir(parents=True, exist_ok=True)
     write_config(course, timeout)
     released = []
