@@ -239,6 +239,7 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
                         say=lines.append)
     got = points(rows)
     assert got["hal", "nb06-ex2"] == 0.0 and got["hal", "nb07-ex2"] == 2.0, lines
+    assert any("nb06-ex2-solution: ran past the timeout" in line for line in lines), lines
     assert any("nb06-ex2-test: NameError" in line for line in lines), lines
     from nbgrader.api import Gradebook
 

@@ -18,7 +18,13 @@ import nbformat
 
 from tools.course import (COURSE_ID, DEFAULT_COURSE, KILLED, nbgrader, nbgrader_cells, release,
                           with_points)
+from helpers.files import atomic_path
 from tools.notebooks import read
+
+# How a cell's error reads in the report: an interrupted cell is one that ran past the timeout.
+_ERROR_NAMES = {"KeyboardInterrupt": "ran past the timeout and was interrupted",
+                "CellTimeoutError": "ran past the timeout and was interrupted"}
+
 
 @dataclass
 class Found:
@@ -89,16 +95,15 @@ def repair(nb, reference) -> list[str]:
 
 
 def cell_errors(autograded: Path) -> list[str]:
-    """Which test cells failed in an autograded notebook, with the error's name."""
+    """Which solution and test cells raised in an autograded notebook, and what."""
     if not autograded.is_file():
         return []
     out = []
     for grade_id, cell in nbgrader_cells(read(autograded)).items():
-        if not cell.metadata["nbgrader"].get("grade"):
-            continue
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if errors:
-            out.append(f"{grade_id}: {errors[0].get('ename', 'error')}")
+            name = errors[0].get("ename", "error")
+            out.append(f"{grade_id}: {_ERROR_NAMES.get(name, name)}")
     return out
 
 
@@ -153,8 +158,8 @@ def autograde(course: Path, assignment: str, student: str, nb, target: Path, env
         status, log = nbgrader(course, "autograde", assignment, "--student", student, "--force",
                                env=dict(env, LABS_GRADING_TRACE=str(trace)), limit=limit,
                                log=course / "logs" / f"autograde-{student}-{assignment}.log")
-        died = "DeadKernelError" in log or "UnresponsiveKernelError" in log or status != 0 and \
-            isinstance(status, str)
+        stuck = isinstance(status, str)  # nbgrader itself ran past the wall-clock limit
+        died = stuck or "DeadKernelError" in log or "UnresponsiveKernelError" in log
         if status == 0 or not died or not trace.is_file():
             return status, log
         index = int(trace.read_text())
@@ -228,7 +233,7 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
         nbgrader(course, "generate_feedback", "*", "--student", student, "--force",
                  log=course / "logs" / f"feedback-{student}.log")
     rows = gradebook_rows(course, students, assignments)
-    with open(course / "grades.csv", "w", newline="") as out:
+    with atomic_path(course / "grades.csv") as tmp, open(tmp, "w", newline="") as out:
         writer = csv.DictWriter(out, ["student", "notebook", "exercise", "points", "max_points"])
         writer.writeheader()
         writer.writerows(rows)
@@ -238,7 +243,8 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
         top = sum(r["max_points"] for r in rows if r["student"] == student and r["notebook"] == a)
         lines.append(f"{student:16s} {a:34s} {got:5.1f} / {top:4.1f}  {seconds:6.1f} s")
         lines += [f"{'':18s}- {note}" for note in notes]
-    (course / "report.txt").write_text("\n".join(lines) + "\n")
+    with atomic_path(course / "report.txt") as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
     for line in lines:
         say(line)
     say(f"grades: {course / 'grades.csv'}; feedback: {course / 'feedback'}/<student>/<notebook>/")
