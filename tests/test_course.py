@@ -234,11 +234,14 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
                   "def young_interval(c_seconds, mtbf_seconds):\n"
                   "    return (2 * c_seconds * mtbf_seconds) ** 0.5")
     hand_in(tmp_path / "late", "hal", BOUNDS, hang)
+    (tmp_path / "late" / "ada").mkdir()  # ada hands in nothing new: her grades stay
     lines = []
     rows = grading.grade(tmp_path / "late", where, quick=True, timeout=10, src=graded["src"],
                         say=lines.append)
     got = points(rows)
     assert got["hal", "nb06-ex2"] == 0.0 and got["hal", "nb07-ex2"] == 2.0, lines
+    assert {e: got["ada", e] for e in FULL} == FULL
+    assert sum("kept its grade from an earlier run" in line for line in lines) == 2, lines
     assert any("nb06-ex2-solution: ran past the timeout" in line for line in lines), lines
     assert any("nb06-ex2-test: NameError" in line for line in lines), lines
     from nbgrader.api import Gradebook

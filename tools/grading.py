@@ -60,7 +60,6 @@ def find_submissions(student_dir: Path, notebooks: dict[str, object]) -> dict[st
             found[owner].notes.append(f"graded {path.name} as {owner}.ipynb (renamed)")
     for nb_id, f in found.items():
         if f.path is None:
-            f.notes.append("not handed in: 0 points")
             continue
         try:
             with warnings.catch_warnings():  # cells without ids: fixed on writing, not an error
@@ -116,6 +115,18 @@ def forget_submission(course: Path, assignment: str, student: str) -> None:
             gb.remove_submission(assignment, student)
         except MissingEntry:
             pass
+
+
+def has_submission(course: Path, assignment: str, student: str) -> bool:
+    """Whether the gradebook holds a graded submission of this notebook by this student."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gb:
+        try:
+            gb.find_submission_notebook(assignment, assignment, student)
+        except MissingEntry:
+            return False
+    return True
 
 
 def gradebook_rows(course: Path, students: list[str], assignments: list[str]) -> list[dict]:
@@ -179,7 +190,9 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
           timeout: int = 600, src: Path | None = None, say=print) -> list[dict]:
     """Autograde every student's folder in `submissions`; write grades.csv and feedback.
 
-    Returns the rows of grades.csv. Other students' grades in the gradebook are kept.
+    Returns the rows of grades.csv, for the students in `submissions`. Other students'
+    grades in the gradebook are kept, and so is a student's earlier grade for a notebook that
+    is not in their folder this time (notebooks can be handed in one at a time).
     """
     submissions = Path(submissions).resolve()
     if not submissions.is_dir():
@@ -216,8 +229,12 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
                 nbformat.write(nb, str(target))
             autograded = course / "autograded" / student / a / f"{a}.ipynb"
             shutil.rmtree(autograded.parent, ignore_errors=True)
-            if f.path is None:
-                forget_submission(course, a, student)  # a grade from an earlier run must go
+            if f.path is None and not f.notes:  # absent, not broken: keep an earlier grade
+                f.notes.append("not in this folder: kept its grade from an earlier run"
+                               if has_submission(course, a, student)
+                               else "not handed in: 0 points")
+            elif f.path is None:
+                forget_submission(course, a, student)  # broken: an earlier grade must go
             else:
                 status, log = autograde(course, a, student, nb, target, env, timeout, f.notes)
                 if status != 0 or not autograded.is_file():
