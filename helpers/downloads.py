@@ -167,8 +167,13 @@ def _unavailable(ds: Dataset, src: str, reason: object, dest: Path) -> DataError
     )
 
 
-def download(ds: Dataset, dest: Path, timeout: float | None = None) -> Path:
-    """Stream `ds` into `dest` via a temporary file, renamed only once it verifies."""
+def download(ds: Dataset, dest: Path, timeout: float | None = None,
+             put_at: Path | None = None) -> Path:
+    """Stream `ds` into `dest` via a temporary file, renamed only once it verifies.
+
+    `put_at`: where the error message tells an offline user to put the file by hand, when
+    that is not `dest` (an archive is downloaded into a temporary folder).
+    """
     from tqdm.auto import tqdm
 
     timeout = timeout or float(os.environ.get("LABS_DOWNLOAD_TIMEOUT", "60"))
@@ -176,7 +181,7 @@ def download(ds: Dataset, dest: Path, timeout: float | None = None) -> Path:
     try:
         stream, length = _open_source(src, timeout)
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise _unavailable(ds, src, getattr(exc, "reason", exc), dest) from exc
+        raise _unavailable(ds, src, getattr(exc, "reason", exc), put_at or dest) from exc
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
@@ -255,8 +260,12 @@ def _fetch_archive(ds: Dataset, cache: Path) -> Path:
             _check_cached(folder / n, sha, f"{ds.extract_to}/{n}")
         return folder
     cache.mkdir(parents=True, exist_ok=True)
+    by_hand = cache / ds.filename  # an archive a user downloaded by hand, as told offline
     with tempfile.TemporaryDirectory(prefix=f".{ds.extract_to}.", dir=cache) as tmp:
-        archive = download(ds, Path(tmp) / ds.filename)
+        if by_hand.is_file():  # its members are checked against their sha256 below
+            archive = by_hand
+        else:
+            archive = download(ds, Path(tmp) / ds.filename, put_at=by_hand)
         staged = Path(tmp) / "extracted"
         staged.mkdir()
         _extract_members(ds, archive, staged)

@@ -213,6 +213,19 @@ def test_archive_with_a_bad_member_caches_nothing(cache, shared_data, server, tm
     assert leftovers(cache) == []
 
 
+def test_offline_archive_is_taken_from_where_the_error_says(cache, shared_data, tmp_path):
+    subset = shared_data / "dbpedia_subset"
+    offline = dataclasses.replace(_archive_dataset(subset),
+                                  url=f"http://127.0.0.1:{closed_port()}/dbpedia_csv.tgz")
+    with pytest.raises(data.DataError) as err:
+        downloads.fetch(offline)
+    assert f"put it at {cache / 'dbpedia_csv.tgz'}," in str(err.value)  # not a temporary folder
+    assert leftovers(cache) == []
+    _tgz_of(subset, ["train.csv", "test.csv", "classes.txt"], cache / "dbpedia_csv.tgz")
+    folder = downloads.fetch(offline)  # still offline: the archive put there by hand is used
+    assert sorted(p.name for p in folder.iterdir()) == ["classes.txt", "test.csv", "train.csv"]
+
+
 # ----------------------------------------------------------------------------- DBpedia CSV
 
 @pytest.fixture
