@@ -130,7 +130,7 @@ def graded(tmp_path_factory, request):
     # dan: deleted the test cell of Exercise 2 (06), and handed in only that notebook
     dan = nbformat.from_dict(ref[BOUNDS])
     dan.cells = [c for c in dan.cells
-                 if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") != "nb06-ex2-test"]
+                 if course.grade_id(c) != "nb06-ex2-test"]
     hand_in(subs, "dan", BOUNDS, dan)
     # eve: renamed her notebook, in nbgrader's own submitted/<student>/<assignment>/ layout
     hand_in(subs / "eve", DOC2VEC, f"{DOC2VEC} (1)", ref[DOC2VEC])
@@ -214,9 +214,7 @@ def test_grades_csv_and_feedback_come_from_the_gradebook(graded):
          "max_points": "2.0"},
     ]
     assert {r["student"] for r in rows} == {"ada", "bob", "cora", "dan", "eve"}
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{where / 'gradebook.db'}", course.COURSE_ID) as gb:
+    with course.gradebook(where) as gb:
         assert gb.find_submission("02_convergence_exercises", "bob").score == 2.0
     for student, score in [("ada", "4.0 / 4.0"), ("bob", "2.0 / 4.0"), ("dan", "4.0 / 4.0")]:
         html = (where / "feedback" / student / BOUNDS / f"{BOUNDS}.html").read_text()
@@ -244,9 +242,7 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
     assert sum("kept its grade from an earlier run" in line for line in lines) == 2, lines
     assert any("nb06-ex2-solution: ran past the timeout" in line for line in lines), lines
     assert any("nb06-ex2-test: NameError" in line for line in lines), lines
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{where / 'gradebook.db'}", course.COURSE_ID) as gb:
+    with course.gradebook(where) as gb:
         for (student, exercise), value in before.items():
             nb_id = DOC2VEC if exercise.startswith("nb01") else BOUNDS
             try:

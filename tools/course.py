@@ -82,10 +82,26 @@ KILLED = ('raise RuntimeError("This cell ended the Python kernel while it was gr
           'not run again: 0 points for the tests that need it.")\n')
 
 
+def grade_id(cell) -> str | None:
+    """A cell's nbgrader grade id, or None for a cell nbgrader does not track."""
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
 def nbgrader_cells(nb) -> dict[str, dict]:
     """The cells of a notebook that nbgrader tracks, by grade id."""
-    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
-            if "grade_id" in c.get("metadata", {}).get("nbgrader", {})}
+    return {grade_id(c): c for c in nb.cells if grade_id(c) is not None}
+
+
+def db_url(course: Path) -> str:
+    """The URL of the course's gradebook, nbgrader's SQLite database."""
+    return f"sqlite:///{Path(course) / 'gradebook.db'}"
+
+
+def gradebook(course: Path):
+    """nbgrader's Gradebook of the course, as a context manager."""
+    from nbgrader.api import Gradebook
+
+    return Gradebook(db_url(course), COURSE_ID)
 
 
 def with_points(nb, points: dict[str, int] = POINTS, strict: bool = True):
@@ -107,7 +123,7 @@ def with_points(nb, points: dict[str, int] = POINTS, strict: bool = True):
 
 def write_config(course: Path, timeout: int) -> None:
     (course / "nbgrader_config.py").write_text(CONFIG.format(
-        course_id=COURSE_ID, root=str(course), db_url=f"sqlite:///{course / 'gradebook.db'}",
+        course_id=COURSE_ID, root=str(course), db_url=db_url(course),
         timeout=int(timeout)) + TRACE_HOOK)
 
 

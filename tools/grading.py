@@ -16,8 +16,8 @@ from pathlib import Path
 
 import nbformat
 
-from tools.course import (COURSE_ID, DEFAULT_COURSE, KILLED, nbgrader, nbgrader_cells, release,
-                          with_points)
+from tools.course import (DEFAULT_COURSE, KILLED, grade_id, gradebook, nbgrader, nbgrader_cells,
+                          release, with_points)
 from helpers.files import atomic_path
 from tools.notebooks import read
 
@@ -81,15 +81,13 @@ def repair(nb, reference) -> list[str]:
     have = set(nbgrader_cells(nb))
     restored = []
     for i, cell in enumerate(reference.cells):
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if grade_id is None or grade_id in have:
+        if grade_id(cell) is None or grade_id(cell) in have:
             continue
-        before = [c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-                  for c in reference.cells[:i]]
-        ids = [c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells]
+        before = [grade_id(c) for c in reference.cells[:i]]
+        ids = [grade_id(c) for c in nb.cells]
         anchor = max((ids.index(g) for g in before if g in ids), default=len(nb.cells) - 1)
         nb.cells.insert(anchor + 1, nbformat.from_dict(cell))
-        restored.append(grade_id)
+        restored.append(grade_id(cell))
     return restored
 
 
@@ -98,19 +96,19 @@ def cell_errors(autograded: Path) -> list[str]:
     if not autograded.is_file():
         return []
     out = []
-    for grade_id, cell in nbgrader_cells(read(autograded)).items():
+    for gid, cell in nbgrader_cells(read(autograded)).items():
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if errors:
             name = errors[0].get("ename", "error")
-            out.append(f"{grade_id}: {_ERROR_NAMES.get(name, name)}")
+            out.append(f"{gid}: {_ERROR_NAMES.get(name, name)}")
     return out
 
 
 def forget_submission(course: Path, assignment: str, student: str) -> None:
     """Remove a student's graded submission of one notebook from the gradebook, if any."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gb:
+    with gradebook(course) as gb:
         try:
             gb.remove_submission(assignment, student)
         except MissingEntry:
@@ -119,9 +117,9 @@ def forget_submission(course: Path, assignment: str, student: str) -> None:
 
 def has_submission(course: Path, assignment: str, student: str) -> bool:
     """Whether the gradebook holds a graded submission of this notebook by this student."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gb:
+    with gradebook(course) as gb:
         try:
             gb.find_submission_notebook(assignment, assignment, student)
         except MissingEntry:
@@ -131,10 +129,10 @@ def has_submission(course: Path, assignment: str, student: str) -> bool:
 
 def gradebook_rows(course: Path, students: list[str], assignments: list[str]) -> list[dict]:
     """(student, notebook, exercise, points, max points) for every test cell, from the gradebook."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
     rows = []
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gb:
+    with gradebook(course) as gb:
         for student in students:
             for assignment in assignments:
                 try:
