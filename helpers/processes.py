@@ -12,6 +12,7 @@ on stdout and be ended by PID. This module is that plumbing, in one place:
   namespace needs none of it: every port is free there.
 - `ChildProcess`: one child with its log file and a thread that turns its stdout's JSON lines
   into messages; `wait_for_results` collects the {"event": "done"} messages of several.
+- `end_all`: end several children at once and say how each ended (for launch timelines).
 - `log_tail`: the end of a child's log, for error messages.
 
 Our own code, not a library's: subprocess and psutil have no parent-death signal, no process-
@@ -87,6 +88,7 @@ class ChildProcess:
 
     def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, inbox: queue.Queue):
         self.name, self.log_path = name, Path(log_path)
+        self.eof_at: float | None = None
         self.log = open(log_path, "wb")
         self.popen = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self.log, start_new_session=True,
@@ -101,6 +103,7 @@ class ChildProcess:
                 inbox.put((self.name, json.loads(line)))
             except ValueError:
                 pass
+        self.eof_at = time.time()  # its stdout closed: it is exiting (or has exited)
         inbox.put((self.name, {"event": "eof"}))
 
     def send(self, msg: dict) -> None:
@@ -115,13 +118,17 @@ class ChildProcess:
             return None
         return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
 
-    def kill(self, timeout: float = 5.0) -> None:
-        """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
+    def terminate(self) -> None:
+        """SIGTERM the process group (and SIGCONT, for a stopped one); do not wait."""
         for sig in (signal.SIGTERM, signal.SIGCONT):
             try:
                 os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
+        self.terminate()
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -135,6 +142,25 @@ class ChildProcess:
                 f.close()
             except OSError:
                 pass
+
+
+def end_all(procs, timeout: float = 5.0) -> dict[str, dict]:
+    """End several children at once: SIGTERM every group first, then wait (SIGKILL after
+    `timeout`), so n children cost one grace period, not n.
+
+    Returns, per child name, how it ended ("exited with code 0 before the teardown",
+    "killed by SIGKILL", ...), when its stdout closed ("eof_at") and when it was gone."""
+    procs = list(procs)
+    before = {p.name: p.died() for p in procs}  # None: still running when we came to end it
+    for proc in procs:
+        proc.terminate()
+    ended, deadline = {}, time.monotonic() + timeout
+    for proc in procs:
+        proc.kill(max(0.0, deadline - time.monotonic()))  # one grace period shared by all
+        how = before[proc.name]
+        ended[proc.name] = {"how": f"{how} before the teardown" if how else proc.died(),
+                            "eof_at": proc.eof_at, "gone_at": time.time()}
+    return ended
 
 
 class NoResult(RuntimeError):

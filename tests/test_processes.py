@@ -2,11 +2,13 @@
 import queue
 import socket
 import sys
+import time
 
 import psutil
 import pytest
 
-from helpers.processes import ChildProcess, NoResult, free_ports, log_tail, wait_for_results
+from helpers.processes import (ChildProcess, NoResult, end_all, free_ports, log_tail,
+                               wait_for_results)
 
 
 def _child(tmp_path, name, code):
@@ -48,3 +50,29 @@ def test_a_silent_child_times_out_and_its_group_is_killed(tmp_path):
     assert err.value.waiting == ["slow"]
     procs["slow"].kill()
     assert not psutil.pid_exists(procs["slow"].pid)
+
+
+def test_end_all_ends_children_together_and_says_how_each_ended(tmp_path):
+    """Children that ignore SIGTERM (as MultiWorkerMirroredStrategy's workers do: its
+    preemption notifier catches it) cost one grace period together, not one each."""
+    inbox = queue.Queue()
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('{\"event\": \"up\"}', flush=True); time.sleep(300)")
+    procs = [ChildProcess(f"stubborn{i}", [sys.executable, "-c", stubborn], {},
+                          tmp_path / f"s{i}.log", inbox) for i in range(2)]
+    procs.append(ChildProcess("quick", [sys.executable, "-c", "pass"], {},
+                              tmp_path / "q.log", inbox))
+    up = set()
+    while up != {"stubborn0", "stubborn1"}:  # both handlers are installed
+        name, msg = inbox.get(timeout=60)
+        if msg.get("event") == "up":
+            up.add(name)
+    procs[2].popen.wait(60)
+    t0 = time.monotonic()
+    ended = end_all(procs, timeout=4.0)
+    took = time.monotonic() - t0
+    assert 4.0 <= took < 7.0, took  # one grace period for both (one each would be >= 8 s)
+    assert ended["stubborn0"]["how"] == ended["stubborn1"]["how"] == "killed by SIGKILL"
+    assert ended["quick"]["how"] == "exited with code 0 before the teardown"
+    assert ended["quick"]["eof_at"] <= ended["quick"]["gone_at"]
+    assert not any(psutil.pid_exists(p.pid) for p in procs)
