@@ -1,5 +1,7 @@
 """The TF_CONFIG launcher: real processes, real MultiWorkerMirroredStrategy, nothing left behind."""
 import json
+import os
+import signal
 import socket
 import time
 
@@ -73,15 +75,28 @@ def test_two_mwms_workers_stay_identical_and_learn(shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
     job = {"kind": "mwms", "model": "logreg", "optimizer": "sgd", "lr": 0.5,
            "train_size": 2048, "test_size": 1000, "runs": [{"batch_size": 128, "epochs": 2}]}
-    results, resources, _ = tfconfig.run({"worker": 2}, job, timeout=240)
+    launch = tfconfig.run({"worker": 2}, job, timeout=240)
+    results, resources = launch.results, launch.resources
     runs = [results[f"worker:{i}"]["runs"][0] for i in range(2)]
     # every step all-reduces the gradients, so both replicas hold the same weights
     assert runs[0]["weights_checksum"] == pytest.approx(runs[1]["weights_checksum"], rel=1e-6)
+    # each scored half of the test set; the all-reduced hits give both the same accuracy
+    assert [h["test_accuracy"] for h in runs[0]["history"]] == \
+        [h["test_accuracy"] for h in runs[1]["history"]]
     assert runs[0]["history"][-1]["loss"] < runs[0]["history"][0]["loss"]
     assert runs[0]["test_accuracy"] > 0.8  # softmax regression, 32 SGD steps
     assert runs[0]["bytes_sent"] == strategies.ring_bytes(7850 * 4, 2) * 16 * 2
     assert set(resources) == {"worker:0", "worker:1"}
     assert json.dumps(results)  # plain JSON all the way
+    # the timeline: every milestone of every task, in order, also written next to the logs
+    for row in launch.timeline.values():
+        assert row["started"] < row["ready"] <= row["job_start"] < row["result"] <= row["gone"]
+        assert row["ended"].startswith("exited with code 0"), row  # done, so it left cleanly
+    assert json.loads((launch.log_dir / "launch.json").read_text()) == launch.timeline
+    phases = launch.phases()
+    parts = ("startup_s", "train_s", "eval_s", "other_s", "teardown_s")
+    assert sum(phases[k] for k in parts) == pytest.approx(phases["wall_s"])
+    assert phases["train_s"] == results["worker:0"]["train_s"] and phases["other_s"] >= 0
 
 
 def test_batch_must_split_evenly_over_the_workers():
@@ -112,3 +127,29 @@ def test_isolated_tf_config_cluster_listens_on_no_host_port():
                 assert s.connect_ex(("127.0.0.1", port)) != 0
         holder = cluster.network.pid
     assert not _alive(list(pids) + [holder])
+
+
+def test_a_worker_killed_mid_training_fails_the_launch_at_once(shared_data, monkeypatch):
+    """The survivors wait in an all-reduce for a peer that is gone; the launcher must not wait
+    for its timeout: it names the dead task, shows its log and ends the others."""
+    monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    job = {"kind": "mwms", "model": "logreg", "optimizer": "sgd", "lr": 0.5,
+           "train_size": 2048, "test_size": 100, "runs": [{"batch_size": 16, "epochs": 1000}]}
+    cluster = tfconfig.TFConfigCluster({"worker": 2}, job, timeout=600)
+    with cluster:
+        pids = list(cluster.pids.values())
+        training = set()
+        while training != {"worker:0", "worker:1"}:
+            name, msg = cluster.inbox.get(timeout=120)
+            assert msg.get("event") != "eof", f"{name} ended before training"
+            if msg.get("event") == "training":
+                training.add(name)
+        time.sleep(1.0)  # a few steps in
+        os.kill(cluster.pids["worker:1"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(tfconfig.TFConfigError,
+                           match=r"worker:1 \(pid \d+\) killed by SIGKILL before reporting"):
+            cluster.wait()
+        assert time.monotonic() - t0 < 30  # one grace period, nowhere near the 600 s timeout
+    assert not _alive(pids)
+    print(cluster.ended)  # how the survivor ended, for the record

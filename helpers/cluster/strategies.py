@@ -62,25 +62,38 @@ def run_mwms(job: dict) -> dict:
 
     from helpers.resources import ResourceMonitor
 
+    started = psutil.Process().create_time()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    ready_s = time.time() - psutil.Process().create_time()
+    ready = time.time()
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
     x, y, xt, yt, _ = load_arrays("mnist", job["train_size"], job["test_size"], job.get("seed", 0))
-    results = []
+    job_start, results = time.time(), []
+    print(json.dumps({"event": "training"}), flush=True)  # for the launcher's log and tests
     for run in job["runs"]:
         with ResourceMonitor(interval=0.25) as monitor:
-            result = train_mirrored(strategy, dict(job, **run), x, y, xt, yt, evaluate=task == 0)
+            result = train_mirrored(strategy, dict(job, **run), x, y, xt, yt, task, workers)
         usage = monitor.summary()[os.getpid()]
         results.append(dict(result, cpu_percent=usage["cpu_percent"],
                             peak_rss_mb=usage["peak_rss_mb"]))
-    return {"workers": strategy.num_replicas_in_sync, "ready_s": ready_s, "runs": results}
+    return {"workers": strategy.num_replicas_in_sync, "ready_s": ready - started, "runs": results,
+            "train_s": sum(r["train_s"] for r in results),
+            "eval_s": sum(r["eval_s"] for r in results),
+            "times": {"started": started, "ready": ready, "job_start": job_start,
+                      "result": time.time()}}
 
 
-def train_mirrored(strategy, job: dict, x, y, xt, yt, evaluate: bool) -> dict:
-    """One custom-loop training run under a (multi-worker) mirrored strategy."""
+def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -> dict:
+    """One custom-loop training run under a (multi-worker) mirrored strategy.
+
+    `task` is this worker's index of `workers`: each worker scores its own slice of the test
+    set and one all-reduce adds up the hits, so every worker ends the run at the same moment
+    with the same accuracy (no worker idles while another evaluates).
+    """
     import keras
     import tensorflow as tf
 
+    entered = time.perf_counter()
     n, batch, seed = strategy.num_replicas_in_sync, job["batch_size"], job.get("seed", 0)
 
     def dataset_fn(ctx):  # each worker reads its own shard: nothing is shipped between them
@@ -108,18 +121,33 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, evaluate: bool) -> dict:
     def train_step(iterator):
         return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
 
+    local_replicas = len(strategy.extended.worker_devices)  # 1 per worker on CPU
+
+    @tf.function
+    def all_workers_sum(value):  # each replica adds its worker's share once
+        share = value / local_replicas
+        return strategy.reduce("SUM", strategy.run(lambda v: v, args=(share,)), axis=None)
+
+    def test_accuracy():
+        mine_x, mine_y = xt[task::workers], yt[task::workers]
+        hits = round(accuracy(model, mine_x, mine_y) * len(mine_x)) if len(mine_x) else 0
+        return float(all_workers_sum(tf.constant(hits, tf.float32))) / len(xt)
+
     steps = max(1, len(x) // batch)
     grad_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
-    history, train_s = [], 0.0
+    history, train_s, eval_s = [], 0.0, 0.0
+    setup_s = time.perf_counter() - entered  # dataset, model, optimizer (not yet the tracing)
     for epoch in range(1, job.get("epochs", 1) + 1):
         t0 = time.perf_counter()
         losses = [float(train_step(data)) for _ in range(steps)]
-        train_s += time.perf_counter() - t0
-        acc = accuracy(model, xt, yt) if evaluate else None  # the others wait at the next step
+        t1 = time.perf_counter()
+        acc = test_accuracy()
+        train_s, eval_s = train_s + t1 - t0, eval_s + time.perf_counter() - t1
         history.append({"epoch": epoch, "loss": float(np.mean(losses)), "test_accuracy": acc,
                         "train_s": train_s})
     return {"workers": n, "batch_size": batch, "steps_per_epoch": steps, "history": history,
-            "train_s": train_s, "test_accuracy": history[-1]["test_accuracy"],
+            "setup_s": setup_s, "train_s": train_s, "eval_s": eval_s,
+            "test_accuracy": history[-1]["test_accuracy"],
             "grad_bytes": grad_bytes,
             "bytes_sent": ring_bytes(grad_bytes, n) * steps * len(history),
             "weights_checksum": float(sum(float(np.abs(v.numpy()).sum())
@@ -136,7 +164,7 @@ def run_ps(job: dict) -> dict:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    ready_s = time.time() - psutil.Process().create_time()  # from process start, as for MWMS
+    started, ready = psutil.Process().create_time(), time.time()
     batch, lr, path = job["batch_size"], job["lr"], job["data_file"]
 
     def dataset_fn():  # traced here, run on each worker: it reads the file there
@@ -164,17 +192,21 @@ def run_ps(job: dict) -> dict:
             return loss
         return strategy.run(replica_fn, args=next(it))
 
-    steps = job["steps"]
+    steps, job_start = job["steps"], time.time()
     t0 = time.perf_counter()
     remote = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(steps)]
     coordinator.join()
     train_s = time.perf_counter() - t0
     _, _, xt, yt, _ = load_arrays("mnist", 1, job["test_size"], images=("test",))
     losses = [float(r.fetch()) for r in remote]
+    t1 = time.perf_counter()
+    test_accuracy = accuracy(model, xt, yt)
     return {"workers": len(resolver.cluster_spec().as_dict().get("worker", [])), "steps": steps,
-            "ready_s": ready_s, "train_s": train_s, "steps_per_s": steps / train_s,
+            "ready_s": ready - started, "train_s": train_s, "steps_per_s": steps / train_s,
             "loss_first": float(np.mean(losses[:20])), "loss_last": float(np.mean(losses[-20:])),
-            "test_accuracy": accuracy(model, xt, yt)}
+            "test_accuracy": test_accuracy, "eval_s": time.perf_counter() - t1,
+            "times": {"started": started, "ready": ready, "job_start": job_start,
+                      "result": time.time()}}
 
 
 def write_mnist_rows(path: Path, train_size: int, seed: int = 0) -> Path:

@@ -12,11 +12,13 @@ import os
 import queue
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import config
+from helpers import config, files
 from helpers.cluster import netns
-from helpers.processes import ChildProcess, NoResult, free_ports, log_tail, wait_for_results
+from helpers.processes import (ChildProcess, NoResult, end_all, free_ports, log_tail,
+                               wait_for_results)
 
 ROLES = ("chief", "worker", "ps")
 _COUNTER = itertools.count()
@@ -82,6 +84,9 @@ class TFConfigCluster:
         self.procs: dict[str, ChildProcess] = {}
         self.inbox: queue.Queue = queue.Queue()
         self.network = netns.PrivateNetwork(isolate, "TF_CONFIG cluster")
+        self.t0: float | None = None
+        self.results: dict = {}
+        self.ended: dict = {}  # task name -> how it ended and when (see stop)
 
     def __enter__(self):
         return self.start()
@@ -97,21 +102,24 @@ class TFConfigCluster:
 
     def start(self) -> "TFConfigCluster":
         """Start one process per task (returns at once; the tasks find each other)."""
+        self.t0 = time.time()
         try:
             prefix = self.network.start().prefix  # only loopback inside, when possible
         except netns.IsolationError as exc:
             raise TFConfigError(str(exc)) from None
         self.dir = config.runs_dir("tfconfig", self.name)
-        files = {}
+        job_files = {}
         for kind, job in (("job", self.job), ("server", {"kind": "server"})):
-            files[kind] = self.dir / f"{kind}.json"
-            files[kind].write_text(json.dumps(job))
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+            job_files[kind] = self.dir / f"{kind}.json"
+            job_files[kind].write_text(json.dumps(job))
+        # The task logs are files, for diagnosis: they keep TF's C++ warnings (level 1 drops
+        # only INFO), which helpers/__init__.py hides from the notebooks.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="1")
         try:
             for role, addresses in self.cluster.items():
                 for index in range(len(addresses)):
                     name = f"{role}:{index}"
-                    job_file = files["server" if role in self.servers else "job"]
+                    job_file = job_files["server" if role in self.servers else "job"]
                     cmd = prefix + [sys.executable, "-m", self.module, str(job_file)]
                     self.procs[name] = ChildProcess(name, cmd, dict(env, TF_CONFIG=tf_config(
                         self.cluster, role, index)), self.dir / f"{role}-{index}.log", self.inbox)
@@ -129,7 +137,8 @@ class TFConfigCluster:
         """
         tasks = [n for n in self.procs if n.split(":")[0] not in self.servers]
         try:
-            return wait_for_results(self.procs, self.inbox, tasks, self.timeout)
+            self.results = wait_for_results(self.procs, self.inbox, tasks, self.timeout)
+            return self.results
         except NoResult as exc:
             failed = exc
         if failed.how.startswith("timed out"):
@@ -143,18 +152,73 @@ class TFConfigCluster:
         raise TFConfigError(f"{what}\n--- last lines of {log} ---\n{log_tail(log)}")
 
     def stop(self) -> None:
-        """End every task's process group (idempotent)."""
-        for proc in self.procs.values():
-            proc.kill()
-        self.procs.clear()
+        """End every task's process group at once (idempotent); write the launch timeline."""
+        if self.procs:
+            self.ended = end_all(self.procs.values())
+            self.procs.clear()
+            files.write_json(self.dir / "launch.json", self.timeline())
         self.network.stop()
+
+    def timeline(self) -> dict:
+        """Seconds from the launch to each task's milestones: from the task itself (process
+        started, strategy ready, first training step, result) and from the launcher (stdout
+        closed, i.e. exiting; gone), plus how it ended. Written to launch.json at stop."""
+        out = {}
+        for name, end in self.ended.items():
+            times = (self.results.get(name) or {}).get("times", {})
+            row = {key: t - self.t0 for key, t in times.items()}
+            for key in ("eof_at", "gone_at"):
+                if end[key] is not None:
+                    row[key.replace("_at", "")] = end[key] - self.t0
+            out[name] = dict(row, ended=end["how"])
+        return out
+
+
+@dataclass
+class Launch:
+    """What one cluster launch gave: each task's result, resources and timeline, and its wall time.
+
+    `results` maps task name -> its result; `resources` task name -> {"cpu_percent",
+    "peak_rss_mb"} sampled with psutil; `timeline` is `TFConfigCluster.timeline()`;
+    `log_dir` holds each task's log and launch.json.
+    """
+
+    results: dict
+    resources: dict
+    wall_s: float
+    timeline: dict
+    log_dir: Path
+
+    def phases(self) -> dict:
+        """Where the wall time went, in seconds; the parts add up to `wall_s`.
+
+        - startup: launch until the last task starts its job (every process started,
+          imported TF, joined the cluster and loaded its data; the first step needs them all);
+        - train, eval: the lead task's (chief:0, else worker:0) training steps and evaluation;
+        - other: the rest of the job (building each run's model and dataset, waiting);
+        - teardown: the last result until every process is gone;
+        - overhead: wall time minus training and evaluation (startup + other + teardown).
+        """
+        done = {n: row for n, row in self.timeline.items() if "result" in row}
+        lead = min(done, key=lambda n: (n.split(":")[0] != "chief", n))
+        startup = max(row["job_start"] for row in done.values())
+        last_result = max(row["result"] for row in done.values())
+        teardown = max(row["gone"] for row in self.timeline.values()) - last_result
+        train = self.results[lead]["train_s"]
+        evaluate = self.results[lead].get("eval_s", 0.0)
+        overhead = self.wall_s - train - evaluate
+        return {"wall_s": self.wall_s, "startup_s": startup, "train_s": train,
+                "eval_s": evaluate, "other_s": overhead - startup - teardown,
+                "teardown_s": teardown, "overhead_s": overhead}
 
 
 def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | None = None,
-        isolate="auto"):
-    """Start a cluster, run `job`, end every process; return (results, resources, wall seconds).
+        isolate="auto") -> Launch:
+    """Start a cluster, run `job`, end every process; return the Launch.
 
-    `resources` maps task name -> {"cpu_percent", "peak_rss_mb"} sampled with psutil.
+    Raises:
+        TFConfigError: a task failed or `timeout` seconds passed; every process is ended first,
+            and the message has the task's log tail.
     """
     from helpers.resources import ResourceMonitor
 
@@ -164,4 +228,5 @@ def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | 
         with ResourceMonitor(list(names), interval=0.5) as monitor:
             results = cluster.wait()
     resources = {names[pid]: v for pid, v in monitor.summary().items()}
-    return results, resources, time.perf_counter() - t0
+    return Launch(results, resources, time.perf_counter() - t0, cluster.timeline(),
+                  cluster.dir)
