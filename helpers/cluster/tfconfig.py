@@ -3,6 +3,11 @@
 Each task runs `python -m helpers.cluster.strategies job.json` with its own TF_CONFIG environment
 variable, which tells it the cluster and its role. The process plumbing (free ports,
 dying with the parent, one process group each, log tails) is helpers/processes.py.
+
+Every launch leaves `launch.json` next to its task logs: when each task started, was ready,
+began its job and reported, when its process exited and how it ended (`Launch.phases()`
+turns it into start-up, training, evaluation and teardown). The tasks are ended together:
+MultiWorkerMirroredStrategy catches SIGTERM, so each still-running one costs a grace period.
 """
 from __future__ import annotations
 
