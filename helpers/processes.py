@@ -129,6 +129,11 @@ class ChildProcess:
     def kill(self, timeout: float = 5.0) -> None:
         """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
         self.terminate()
+        self.reap(timeout)
+
+    def reap(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the process to end, SIGKILL its group if it has not,
+        and close its pipes and log."""
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -156,7 +161,7 @@ def end_all(procs, timeout: float = 5.0) -> dict[str, dict]:
         proc.terminate()
     ended, deadline = {}, time.monotonic() + timeout
     for proc in procs:
-        proc.kill(max(0.0, deadline - time.monotonic()))  # one grace period shared by all
+        proc.reap(max(0.0, deadline - time.monotonic()))  # one grace period shared by all
         how = before[proc.name]
         ended[proc.name] = {"how": f"{how} before the teardown" if how else proc.died(),
                             "eof_at": proc.eof_at, "gone_at": time.time()}

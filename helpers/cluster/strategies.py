@@ -65,8 +65,8 @@ def run_mwms(job: dict) -> dict:
     started = psutil.Process().create_time()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     ready = time.time()
-    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    task, workers = tf_config["task"]["index"], len(tf_config["cluster"]["worker"])
     x, y, xt, yt, _ = load_arrays("mnist", job["train_size"], job["test_size"], job.get("seed", 0))
     job_start, results = time.time(), []
     print(json.dumps({"event": "training"}), flush=True)  # for the launcher's log and tests
