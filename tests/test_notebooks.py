@@ -1,4 +1,5 @@
 """The notebook collection: naming, skeleton, committed clean, index fresh, all collected."""
+import json
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,18 @@ def test_notebooks_are_committed_without_outputs(path):
     for i, cell in enumerate(read(path).cells):
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, f"{path.name} cell {i} has output"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_a_unique_id(path):
+    """nbformat 4.5 requires cell ids (today a MissingIDFieldWarning, later an error); a cell
+    added by a script rather than by Jupyter has none. Read raw: nbformat would add them."""
+    raw = json.loads(path.read_text())
+    if (raw["nbformat"], raw["nbformat_minor"]) < (4, 5):
+        pytest.skip(f"{path.name} is nbformat {raw['nbformat']}.{raw['nbformat_minor']}: no ids")
+    ids = [cell.get("id") for cell in raw["cells"]]
+    assert None not in ids, f"{path.name}: cells {[i for i, x in enumerate(ids) if x is None]}"
+    assert len(set(ids)) == len(ids), f"{path.name}: repeated cell ids"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
