@@ -74,6 +74,7 @@ def run_mwms(job: dict) -> dict:
         with ResourceMonitor(interval=0.25) as monitor:
             result = train_mirrored(strategy, dict(job, **run), x, y, xt, yt, task, workers)
         usage = monitor.summary()[os.getpid()]
+        result["times"]["end"] = time.time()  # after the monitor's thread has stopped
         results.append(dict(result, cpu_percent=usage["cpu_percent"],
                             peak_rss_mb=usage["peak_rss_mb"]))
     return {"workers": strategy.num_replicas_in_sync, "ready_s": ready - started, "runs": results,
@@ -94,6 +95,7 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
     import tensorflow as tf
 
     entered = time.perf_counter()
+    times = {"start": time.time()}  # wall-clock stamps of the run's parts, for launch.json
     n, batch, seed = strategy.num_replicas_in_sync, job["batch_size"], job.get("seed", 0)
 
     def dataset_fn(ctx):  # each worker reads its own shard: nothing is shipped between them
@@ -137,6 +139,7 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
     grad_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     history, train_s, eval_s = [], 0.0, 0.0
     setup_s = time.perf_counter() - entered  # dataset, model, optimizer (not yet the tracing)
+    times["setup_end"] = time.time()
     for epoch in range(1, job.get("epochs", 1) + 1):
         t0 = time.perf_counter()
         losses = [float(train_step(data)) for _ in range(steps)]
@@ -145,13 +148,15 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
         train_s, eval_s = train_s + t1 - t0, eval_s + time.perf_counter() - t1
         history.append({"epoch": epoch, "loss": float(np.mean(losses)), "test_accuracy": acc,
                         "train_s": train_s})
+    times["epochs_end"] = time.time()
     return {"workers": n, "batch_size": batch, "steps_per_epoch": steps, "history": history,
             "setup_s": setup_s, "train_s": train_s, "eval_s": eval_s,
             "test_accuracy": history[-1]["test_accuracy"],
             "grad_bytes": grad_bytes,
             "bytes_sent": ring_bytes(grad_bytes, n) * steps * len(history),
             "weights_checksum": float(sum(float(np.abs(v.numpy()).sum())
-                                          for v in model.trainable_variables))}
+                                          for v in model.trainable_variables)),
+            "times": dict(times, returned=time.time())}
 
 
 def run_ps(job: dict) -> dict:

@@ -167,11 +167,14 @@ class TFConfigCluster:
     def timeline(self) -> dict:
         """Seconds from the launch to each task's milestones: from the task itself (process
         started, strategy ready, first training step, result) and from the launcher (stdout
-        closed, i.e. exiting; gone), plus how it ended. Written to launch.json at stop."""
+        closed, i.e. exiting; gone), plus how it ended; for MWMS, each run's start, set-up end,
+        epochs end, return and end (after its resource monitor). Written to launch.json at stop."""
         out = {}
         for name, end in self.ended.items():
-            times = (self.results.get(name) or {}).get("times", {})
-            row = {key: t - self.t0 for key, t in times.items()}
+            result = self.results.get(name) or {}
+            row = {key: t - self.t0 for key, t in result.get("times", {}).items()}
+            for i, run in enumerate(result.get("runs", [])):  # MWMS: each run's parts
+                row.update({f"run{i}:{key}": t - self.t0 for key, t in run["times"].items()})
             for key in ("eof_at", "gone_at"):
                 if end[key] is not None:
                     row[key.replace("_at", "")] = end[key] - self.t0
