@@ -98,13 +98,29 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
     times = {"start": time.time()}  # wall-clock stamps of the run's parts, for launch.json
     n, batch, seed = strategy.num_replicas_in_sync, job["batch_size"], job.get("seed", 0)
 
-    def dataset_fn(ctx):  # each worker reads its own shard: nothing is shipped between them
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
-        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        ds = ds.shuffle(len(x), seed=seed).repeat()
-        return ds.batch(ctx.get_per_replica_batch_size(batch), drop_remainder=True).prefetch(2)
+    # Each worker reads its own shard with its own tf.data pipeline: nothing is shipped
+    # between them. A plain iterator, not `distribute_datasets_from_function`: under MWMS that
+    # wraps the pipeline in a MultiDeviceIterator whose per-device part keeps a tf.data
+    # autotuning thread that the iterator's deletion waited out, for 0 to 55 s after a run
+    # (measured with py-spy and gdb, issue 14). Without autotuning, deleting this one is quick.
+    local_replicas = len(strategy.extended.worker_devices)  # 1 per worker on CPU
+    per_replica = tf.distribute.InputContext(workers, task, n).get_per_replica_batch_size(batch)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, task)
+    ds = ds.shuffle(len(x), seed=seed).repeat()
+    ds = ds.batch(per_replica * local_replicas, drop_remainder=True).prefetch(2)
+    no_autotune = tf.data.Options()
+    no_autotune.autotune.enabled = False
+    batches = iter(ds.with_options(no_autotune))
 
-    data = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    def next_batch():  # this worker's batch, split over its replicas (one on CPU)
+        xb, yb = next(batches)
+
+        def mine(ctx):
+            k = ctx.replica_id_in_sync_group - task * local_replicas
+            part = slice(k * per_replica, (k + 1) * per_replica)
+            return xb[part], yb[part]
+        return strategy.experimental_distribute_values_from_function(mine)
+
     with strategy.scope():
         model = build(job["model"], (28, 28), 10, seed)
         optimizer = keras.optimizers.get({"class_name": job.get("optimizer", "adam"),
@@ -120,10 +136,8 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
         return loss
 
     @tf.function
-    def train_step(iterator):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
-
-    local_replicas = len(strategy.extended.worker_devices)  # 1 per worker on CPU
+    def train_step(xb_yb):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=xb_yb), axis=None)
 
     @tf.function
     def all_workers_sum(value):  # each replica adds its worker's share once
@@ -142,7 +156,7 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
     times["setup_end"] = time.time()
     for epoch in range(1, job.get("epochs", 1) + 1):
         t0 = time.perf_counter()
-        losses = [float(train_step(data)) for _ in range(steps)]
+        losses = [float(train_step(next_batch())) for _ in range(steps)]
         t1 = time.perf_counter()
         acc = test_accuracy()
         train_s, eval_s = train_s + t1 - t0, eval_s + time.perf_counter() - t1
