@@ -5,7 +5,7 @@ network namespace (`cluster.netns`), the PS demo (`psdemo`) and notebook 04's on
 configuration (`mirrored`) all start Python children that must end with their parent, report
 on stdout and be ended by PID. This module is that plumbing, in one place:
 
-- `child_setup` / `die_with_parent`: ask the kernel to SIGTERM a child when its parent dies
+- `child_setup` / `die_with_parent`: ask the kernel to signal a child when its parent dies
   (Linux `prctl(PR_SET_PDEATHSIG)`; nothing on other systems).
 - `free_ports`: unused TCP ports, from `portpicker` (what TensorFlow's own multi-process tests
   use; it honours a port server through PORTSERVER_ADDRESS). A cluster in a private network
@@ -33,10 +33,10 @@ from pathlib import Path
 _PR_SET_PDEATHSIG = 1
 
 
-def _set_parent_death_signal() -> bool:
-    """SIGTERM this process when its parent dies; False where the OS has no such call."""
+def _set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Send `sig` to this process when its parent dies; False where the OS has no such call."""
     try:
-        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, int(sig))
     except OSError:
         return False
     return True
@@ -50,13 +50,15 @@ def child_setup() -> None:
     _set_parent_death_signal()
 
 
-def die_with_parent(parent_pid: int | None) -> None:
-    """Called by a child itself: be SIGTERMed when the parent dies, or exit now if it has.
+def die_with_parent(parent_pid: int | None, sig: int = signal.SIGTERM) -> None:
+    """Called by a child itself: get `sig` when the parent dies, or exit now if it has.
 
     For a child whose start cleared the signal (`nsenter`, `unshare`) or that was started
-    without `child_setup`; `parent_pid` catches a parent that died before this call.
+    without `child_setup`, or one that must not get SIGTERM: TF's MultiWorkerMirroredStrategy
+    catches SIGTERM and carries on, so its tasks ask for SIGKILL. `parent_pid` catches a parent
+    that died before this call.
     """
-    if _set_parent_death_signal() and parent_pid and os.getppid() != parent_pid:
+    if _set_parent_death_signal(sig) and parent_pid and os.getppid() != parent_pid:
         os._exit(1)
 
 

@@ -153,3 +153,43 @@ def test_a_worker_killed_mid_training_fails_the_launch_at_once(shared_data, monk
         assert time.monotonic() - t0 < 30  # one grace period, nowhere near the 600 s timeout
     assert not _alive(pids)
     print(cluster.ended)  # how the survivor ended, for the record
+
+
+PARENT = """
+import json, sys, time
+from helpers.cluster import tfconfig
+job = {"kind": "mwms", "model": "logreg", "optimizer": "sgd", "lr": 0.5, "train_size": 2048,
+       "test_size": 100, "runs": [{"batch_size": 16, "epochs": 1000}]}
+cluster = tfconfig.TFConfigCluster({"worker": 2}, job, timeout=600).start()
+training = set()
+while training != {"worker:0", "worker:1"}:
+    name, msg = cluster.inbox.get(timeout=120)
+    if msg.get("event") == "training":
+        training.add(name)
+print(json.dumps(cluster.pids), flush=True)
+time.sleep(600)
+"""
+
+
+def test_mwms_tasks_die_with_their_launcher(shared_data, monkeypatch, tmp_path):
+    """A launcher killed mid-training (a kernel that dies) leaves no task behind, although
+    MultiWorkerMirroredStrategy catches SIGTERM: its tasks ask for SIGKILL on parent death."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    monkeypatch.setenv("LABS_RUNS_DIR", str(tmp_path))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = list(json.loads(parent.stdout.readline()).values())
+        family = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        assert set(pids) <= set(family) and _alive(pids) == pids
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(family) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(family), [psutil.Process(p).cmdline() for p in _alive(family)]
+    finally:
+        for pid in _alive([parent.pid] + locals().get("family", [])):
+            os.kill(pid, signal.SIGKILL)

@@ -1,6 +1,6 @@
 """What each TF_CONFIG task runs: MultiWorkerMirroredStrategy, ParameterServerStrategy, servers.
 
-`python -m helpers.cluster.strategies job.json` reads its role from TF_CONFIG (set by
+`python -m helpers.cluster.strategies job.json [launcher_pid]` reads its role from TF_CONFIG (set by
 helpers.cluster.tfconfig), runs the job and prints one JSON line {"event": "done",
 "result": ...} on stdout. Both strategies use a custom training loop: Keras 3's
 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) and Keras 3
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -257,7 +258,12 @@ def run_server() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Run the job file argv[0] in the role TF_CONFIG gives this process."""
+    """Run the job file argv[0] in the role TF_CONFIG gives this process; argv[1], if given,
+    is the launcher's PID: this task is SIGKILLed when the launcher dies (TF catches SIGTERM)."""
+    if len(argv) > 1:
+        from helpers.processes import die_with_parent
+
+        die_with_parent(int(argv[1]), signal.SIGKILL)
     job = validate(json.loads(Path(argv[0]).read_text()))
     if job["kind"] == "server":
         run_server()

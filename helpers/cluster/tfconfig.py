@@ -125,7 +125,8 @@ class TFConfigCluster:
                 for index in range(len(addresses)):
                     name = f"{role}:{index}"
                     job_file = job_files["server" if role in self.servers else "job"]
-                    cmd = prefix + [sys.executable, "-m", self.module, str(job_file)]
+                    cmd = prefix + [sys.executable, "-m", self.module, str(job_file),
+                                    str(os.getpid())]
                     self.procs[name] = ChildProcess(name, cmd, dict(env, TF_CONFIG=tf_config(
                         self.cluster, role, index)), self.dir / f"{role}-{index}.log", self.inbox)
         except BaseException:
