@@ -1,7 +1,7 @@
 """What each TF_CONFIG task runs: MultiWorkerMirroredStrategy, ParameterServerStrategy, servers.
 
-`python -m helpers.cluster.strategies job.json [launcher_pid]` reads its role from TF_CONFIG (set by
-helpers.cluster.tfconfig), runs the job and prints one JSON line {"event": "done",
+`python -m helpers.cluster.strategies job.json [launcher_pid]` reads its role from TF_CONFIG
+(set by helpers.cluster.tfconfig), runs the job and prints one JSON line {"event": "done",
 "result": ...} on stdout. Both strategies use a custom training loop: Keras 3's
 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) and Keras 3
 dropped ParameterServerStrategy training altogether (keras-team/keras#18624).
