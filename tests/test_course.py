@@ -14,6 +14,7 @@ import textwrap
 import nbformat
 import psutil
 import pytest
+from nbformat.corpus.words import generate_corpus_id
 
 from tools import course, grading
 from tools.notebooks import NOTEBOOK_DIR, read
@@ -71,6 +72,8 @@ def mini_course(dest):
                 nb.cells.append(cell)
             nb.cells += [c for c in cells if c.get("metadata", {}).get("nbgrader", {})
                          .get("grade_id", "").startswith(exercise + "-")]
+        for cell in nb.cells:  # cells from nbformat 4.4 lessons have no id; 4.5 wants one
+            cell.setdefault("id", generate_corpus_id())
         nbformat.write(nb, str(dest / f"{name}.ipynb"))
     return dest
 
