@@ -25,11 +25,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
 
-from helpers import config, files, runlogs  # noqa: E402
+from cluster_bench import BATCH, LR, TRAIN_SIZE, one_process  # noqa: E402  (same work)
+from helpers import config, files  # noqa: E402
 from helpers.cluster import LocalCluster, tfconfig  # noqa: E402
-
-BATCH, TRAIN_SIZE = 64, 6000
-LR = {"logreg": 0.5, "lenet": 0.05}
 
 
 def ms(values) -> float:
@@ -81,16 +79,8 @@ def measure_calls(ps_addr: str, repeats: int) -> dict:
     x, y, _, _, _ = models.load_arrays("mnist", BATCH, 1, 0, images=("train",))
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [ps_addr]}))
     ps = "/job:ps/replica:0/task:0/device:CPU:0"
-    deadline = time.monotonic() + 60
-    while True:  # the PS server is starting
-        try:
-            with tf.device(ps):
-                int(tf.constant(1) + 1)
-            break
-        except tf.errors.UnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    with tf.device(ps):
+        int(tf.constant(1) + 1)  # blocks until the PS answers (as helpers.cluster.node does)
     model = models.build("logreg", x.shape[1:], 10, 0)
     with tf.device(ps):
         scalar = tf.Variable(0.0)
@@ -151,8 +141,7 @@ def main() -> None:
         return
     steps = {"logreg": 200, "lenet": 60} if args.quick else {"logreg": 800, "lenet": 200}
     out = {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg()}
-    base = {m: runlogs.one_process(m, "mnist", n, BATCH, LR[m], train_size=TRAIN_SIZE,
-                                   test_size=100)["steps_per_s"] for m, n in steps.items()}
+    base = {m: one_process(m, n) for m, n in steps.items()}
     out["one_process_step_ms"] = {m: 1000 / v for m, v in base.items()}
     out["engine_async_1w"] = engine_steps(steps)
     out["remote_costs"] = remote_costs(100 if args.quick else 400)
