@@ -1,4 +1,4 @@
-"""Sample CPU% and resident memory of processes while something runs."""
+"""Sample CPU% and memory (RSS; optionally PSS and USS) of processes while something runs."""
 from __future__ import annotations
 
 import os
@@ -13,13 +13,24 @@ class ResourceMonitor:
 
     Use as a context manager; afterwards `.summary()` gives per-PID average CPU% and
     peak RSS. PIDs that exit while sampled are kept with what was seen of them.
+
+    RSS counts every page a process maps, so N processes sharing TensorFlow's libraries
+    count them N times. With `pss_every` (seconds) it also samples, that often and once at
+    the end, PSS (shared pages split between the processes that map them: the processes'
+    PSS add up to what they cost together) and USS (the pages only this process maps: what
+    ending it would free). Those come from psutil's memory_full_info, which reads
+    /proc/PID/smaps: ~10 ms per TF process, too slow to sample as often as RSS.
     """
 
-    def __init__(self, pids=None, interval: float = 0.25, children: bool = False):
+    def __init__(self, pids=None, interval: float = 0.25, children: bool = False,
+                 pss_every: float | None = None):
         self.pids = list(pids) if pids is not None else [os.getpid()]
         self.interval = interval
         self.children = children  # also follow the children of the given PIDs
+        self.pss_every = pss_every
+        self._last_full = float("-inf")
         self.samples: dict[int, list[tuple[float, float, int]]] = {}
+        self.full: dict[int, list[tuple[int, int]]] = {}  # pid -> [(pss, uss)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._procs: dict[int, psutil.Process] = {}
@@ -38,13 +49,19 @@ class ResourceMonitor:
                 except psutil.NoSuchProcess:
                     pass
 
-    def _sample(self):
+    def _sample(self, final: bool = False):
         now = time.perf_counter()
+        full = self.pss_every is not None and (final or now - self._last_full >= self.pss_every)
+        if full:
+            self._last_full = now
         for proc in list(self._targets()):
             try:
                 with proc.oneshot():
                     cpu = proc.cpu_percent(None)  # since the previous call on this object
                     rss = proc.memory_info().rss
+                if full:
+                    mem = proc.memory_full_info()
+                    self.full.setdefault(proc.pid, []).append((mem.pss, mem.uss))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             self.samples.setdefault(proc.pid, []).append((now, cpu, rss))
@@ -62,12 +79,13 @@ class ResourceMonitor:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self._sample()
+        self._sample(final=True)
         self.elapsed = time.perf_counter() - self.t0
         return False
 
     def summary(self) -> dict[int, dict[str, float]]:
-        """Per PID: mean CPU% (100 = one full core) and peak RSS in MB."""
+        """Per PID: mean CPU% (100 = one full core) and peak RSS in MB; with `pss_every`,
+        also peak PSS and USS in MB (of the sparser samples)."""
         out = {}
         for pid, rows in self.samples.items():
             cpus = [c for _, c, _ in rows[1:]] or [0.0]
@@ -75,4 +93,7 @@ class ResourceMonitor:
                 "cpu_percent": sum(cpus) / len(cpus),
                 "peak_rss_mb": max(r for _, _, r in rows) / 2**20,
             }
+            if pid in self.full:
+                out[pid]["peak_pss_mb"] = max(p for p, _ in self.full[pid]) / 2**20
+                out[pid]["peak_uss_mb"] = max(u for _, u in self.full[pid]) / 2**20
         return out
