@@ -67,15 +67,20 @@ def worker_times(run) -> pd.DataFrame:
 
 
 def resource_table(run) -> pd.DataFrame:
-    """Per process: mean CPU% (100 = one core), peak RSS (MB), tensor bytes sent/received.
+    """Per process: mean CPU% (100 = one core), peak RSS, PSS and USS (MB), tensor bytes
+    sent/received.
 
+    RSS counts TensorFlow's shared libraries in every process that maps them; PSS splits
+    each shared page between those processes, so the processes' PSS add up to what they
+    use together; USS is what only this process uses (see helpers.resources).
     Bytes count tensor payload: a pull is every float32 parameter, a push every float32
     gradient plus a 32-byte header. gRPC framing and TF's own control traffic are not in it.
     """
     st = steps(run)
     rows = {}
     for name, res in run.resources.items():
-        row = {"cpu_percent": res["cpu_percent"], "peak_rss_mb": res["peak_rss_mb"]}
+        row = {k: res[k] for k in ("cpu_percent", "peak_rss_mb", "peak_pss_mb", "peak_uss_mb")
+               if k in res}
         if str(name).startswith("worker:"):
             mine = st[st.worker == int(str(name).split(":")[1])]
             row["mb_sent"] = mine.bytes_pushed.sum() / 1e6

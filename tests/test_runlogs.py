@@ -50,7 +50,8 @@ def test_staleness_and_resource_table_count_every_gradient_and_byte(tmp_path):
               ("ps-0", {"t": T0 + 1, "kind": "update", "version": 1, "staleness": [0, 2]}),
               ("ps-0", {"t": T0 + 2, "kind": "update", "version": 2, "staleness": [1]}),
               step(0, 0, 1), step(0, 1, 2, bytes_pulled=0), step(1, 0, 1, bytes_pushed=0)]
-    resources = {"ps:0": {"cpu_percent": 50.0, "peak_rss_mb": 700.0},
+    resources = {"ps:0": {"cpu_percent": 50.0, "peak_rss_mb": 700.0, "peak_pss_mb": 420.0,
+                          "peak_uss_mb": 300.0},
                  "worker:0": {"cpu_percent": 20.0, "peak_rss_mb": 600.0},
                  "worker:1": {"cpu_percent": 10.0, "peak_rss_mb": 650.0}}
     run = write_run(tmp_path, events, resources=resources)
@@ -63,6 +64,8 @@ def test_staleness_and_resource_table_count_every_gradient_and_byte(tmp_path):
     assert table.loc["ps:0", "mb_received"] == pytest.approx(2 * 72 / 1e6)
     assert table.loc["ps:0", "mb_sent"] == pytest.approx(2 * 40 / 1e6)
     assert table.loc["ps:0", "peak_rss_mb"] == 700.0
+    assert table.loc["ps:0", "peak_pss_mb"] == 420.0 and table.loc["ps:0", "peak_uss_mb"] == 300.0
+    assert np.isnan(table.loc["worker:0", "peak_pss_mb"])  # not sampled for it
 
 
 def test_time_to_accuracy_is_the_first_crossing():

@@ -257,7 +257,7 @@ class LocalCluster:
                        EventTail(run_dir), RunProgress(cfg) if progress else None)
         lo_before = self.loopback_bytes()
         t0 = time.perf_counter()
-        with ResourceMonitor(list(self.pids.values()), interval=0.5) as monitor:
+        with ResourceMonitor(list(self.pids.values()), interval=0.5, pss_every=2.0) as monitor:
             try:
                 while watch.waiting:
                     try:

@@ -188,7 +188,7 @@ class Launch:
     """What one cluster launch gave: each task's result, resources and timeline, and its wall time.
 
     `results` maps task name -> its result; `resources` task name -> {"cpu_percent",
-    "peak_rss_mb"} sampled with psutil; `timeline` is `TFConfigCluster.timeline()`;
+    "peak_rss_mb", "peak_pss_mb", "peak_uss_mb"} sampled with psutil (ResourceMonitor); `timeline` is `TFConfigCluster.timeline()`;
     `log_dir` holds each task's log and launch.json.
     """
 
@@ -234,7 +234,7 @@ def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | 
     t0 = time.perf_counter()
     with TFConfigCluster(roles, job, servers, timeout, name, isolate=isolate) as cluster:
         names = {pid: n for n, pid in cluster.pids.items()}
-        with ResourceMonitor(list(names), interval=0.5) as monitor:
+        with ResourceMonitor(list(names), interval=0.5, pss_every=2.0) as monitor:
             results = cluster.wait()
     resources = {names[pid]: v for pid, v in monitor.summary().items()}
     return Launch(results, resources, time.perf_counter() - t0, cluster.timeline(),
