@@ -14,6 +14,7 @@ import json
 import math
 import os
 import statistics
+import time
 
 import numpy as np
 
@@ -23,6 +24,7 @@ os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
 from helpers import config, files, runlogs  # noqa: E402
 from helpers.cluster import LocalCluster, strategies, tfconfig  # noqa: E402
 
+MEMORY_KEYS = ("peak_rss_mb", "peak_pss_mb", "peak_uss_mb")
 TARGET_ACCURACY = 0.82
 REPEATS = 3
 TRAIN_SIZE, BATCH = 6000, 64
@@ -35,8 +37,9 @@ def one_process(model_name: str, steps: int) -> float:
                                train_size=TRAIN_SIZE, test_size=100)["steps_per_s"]
 
 
-def tf_pss(model_name: str, steps: int, rows_file, workers: int = 2) -> float:
-    """Steps/s of TF's ParameterServerStrategy + ClusterCoordinator (async, 1 PS): the peer.
+def tf_pss(model_name: str, steps: int, rows_file, workers: int = 2):
+    """TF's ParameterServerStrategy + ClusterCoordinator (async, 1 PS), the peer: its steps/s
+    and its tasks' memory ({task: usage}).
 
     Same model, batch, learning rate and training examples as the engine; its own processes
     (a chief, the workers, the PS), started before and ended after the timed steps.
@@ -46,18 +49,40 @@ def tf_pss(model_name: str, steps: int, rows_file, workers: int = 2) -> float:
            "data_file": str(rows_file)}
     launch = tfconfig.run({"chief": 1, "worker": workers, "ps": 1}, job,
                           servers=("worker", "ps"), timeout=900)
-    return launch.results["chief:0"]["steps_per_s"]
+    return launch.results["chief:0"]["steps_per_s"], launch.resources
 
 
-def side_by_side(n_steps: dict, common: dict) -> dict:
+def keep_peaks(memory: dict, system: str, resources: dict) -> None:
+    """Fold one run's per-process memory into memory["<system> <role>"]: the peaks so far."""
+    for task, usage in resources.items():
+        row = memory.setdefault(f"{system} {str(task).split(':')[0]}", {})
+        for key in MEMORY_KEYS:
+            if key in usage:
+                row[key] = max(row.get(key, 0.0), usage[key])
+
+
+def idle_memory(pids: dict) -> dict:
+    """Memory of started cluster processes before any run: TF, gRPC and our node code."""
+    from helpers.resources import ResourceMonitor
+
+    with ResourceMonitor(list(pids.values()), interval=0.25, pss_every=0.5) as monitor:
+        time.sleep(1.5)  # a few samples; not a wait for a condition
+    names = {pid: name for name, pid in pids.items()}
+    return {names[pid]: usage for pid, usage in monitor.summary().items()}
+
+
+def side_by_side(n_steps: dict, common: dict) -> tuple[dict, dict]:
     """Alternate one process, the engine (async on 1 and 2 workers, sync on 2) and TF's
-    ParameterServerStrategy (async, 2 workers) REPEATS times: {figure: [steps/s per repeat]}.
+    ParameterServerStrategy (async, 2 workers) REPEATS times: {figure: [steps/s per repeat]},
+    and the peak memory of each kind of process: {"<system> <role>": {peak_*_mb}}.
 
     Alternating spreads a shared machine's drifting load over all of them alike."""
     rows_file = strategies.write_mnist_rows(config.runs_dir("bench") / "mnist_rows.u8",
                                             TRAIN_SIZE, seed=0)
     runs: dict[str, list] = {}
+    memory: dict[str, dict] = {}
     with LocalCluster(workers=2, isolate="auto") as c:
+        keep_peaks(memory, "engine, idle", idle_memory(c.pids))
         for _ in range(REPEATS):
             for model, steps in n_steps.items():
                 runs.setdefault(f"one_process_{model}", []).append(one_process(model, steps))
@@ -66,9 +91,11 @@ def side_by_side(n_steps: dict, common: dict) -> dict:
                     s = c.train(mode=mode, workers=n, model=model, steps=steps, lr=LR[model],
                                 **common).summary()
                     runs.setdefault(f"engine_{mode}_{n}w_{model}", []).append(s["steps_per_s"])
-                runs.setdefault(f"tf_pss_async_2w_{model}", []).append(
-                    tf_pss(model, steps, rows_file))
-    return runs
+                    keep_peaks(memory, "engine", s["resources"])
+                rate, resources = tf_pss(model, steps, rows_file)
+                runs.setdefault(f"tf_pss_async_2w_{model}", []).append(rate)
+                keep_peaks(memory, "tf_pss", resources)
+    return runs, memory
 
 
 def main() -> None:
@@ -78,7 +105,8 @@ def main() -> None:
     n_log, n_lenet = (150, 40) if args.quick else (600, 150)
     common = dict(batch_size=BATCH, train_size=TRAIN_SIZE, test_size=2000, progress=False, seed=0)
     rows, out = [], {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg()}
-    side = side_by_side({"logreg": n_log, "lenet": n_lenet}, common)
+    side, memory = side_by_side({"logreg": n_log, "lenet": n_lenet}, common)
+    out["memory_mb_per_process"] = memory
     med = {k: statistics.median(v) for k, v in side.items()}
     out["side_by_side_steps_per_s"] = {k: {"runs": v, "median": med[k]} for k, v in side.items()}
     base = {m: med[f"one_process_{m}"] for m in ("logreg", "lenet")}
@@ -166,6 +194,18 @@ def main() -> None:
         print(f"| {name} | " + " | ".join(f"{v:.0f}" for v in runs) + f" | {med[name]:.0f} |")
     for name, value in out["other_figures"].items():
         print(f"{name}: {value:.1f}")
+    print("\n| process (peaks over the side-by-side runs) | RSS MB | PSS MB | USS MB |\n"
+          "| --- | ---: | ---: | ---: |")
+    for name, row in memory.items():
+        print(f"| {name} | " + " | ".join(f"{row.get(k, float('nan')):.0f}" for k in MEMORY_KEYS)
+              + " |")
+    pss = {k: row.get("peak_pss_mb", float("nan")) for k, row in memory.items()}
+    out["cluster_pss_mb_2w"] = {  # what a 2-worker cluster costs together
+        "engine": pss.get("engine ps", math.nan) + 2 * pss.get("engine worker", math.nan),
+        "tf_pss": (pss.get("tf_pss chief", math.nan) + pss.get("tf_pss ps", math.nan)
+                   + 2 * pss.get("tf_pss worker", math.nan))}
+    print("PSS of a whole 2-worker cluster (sum of peaks), MB: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in out["cluster_pss_mb_2w"].items()))
     print("\n| compression (async, 2 workers) | bytes pushed/step | loopback bytes/step "
           "| test accuracy |\n| --- | --- | --- | --- |")
     for spec, r in out["compression"].items():
