@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from helpers.cluster.ps import apply_update
-from helpers.cluster.wire import pack, pack_by_dtype, unpack
+from helpers.cluster.wire import pack_by_dtype, unpack
 
 
 def handles(values):
@@ -36,15 +36,31 @@ def test_apply_update_matches_the_formula_over_several_steps(momentum):
 
 
 def test_pack_and_unpack_round_trip_mixed_dtypes():
-    tensors = [tf.constant([1, 2, 3, 4], tf.int64), tf.ones((2, 3)), tf.constant([7, 8], tf.int32),
-               tf.fill((5,), 2.5)]
+    tensors = [tf.constant([1, -2, 2**40, -(2**62)], tf.int64), tf.ones((2, 3)),
+               tf.constant([7, -8], tf.int32), tf.fill((5,), 2.5), tf.constant([0.5, 3], tf.float16),
+               tf.constant(-3, tf.int64)]
     shapes = [tuple(t.shape) for t in tensors]
     packed = pack_by_dtype(tensors)
-    assert len(packed) == 3  # one flat tensor per dtype crosses the wire
+    # integers travel as float32 words beside the floats: one transfer, plus one for float16
+    assert [idx for idx, _, _ in packed] == [[0, 1, 2, 3, 5], [4]]
+    assert packed[0][2].dtype == tf.float32 and packed[0][2].shape == (8 + 6 + 2 + 5 + 2,)
     for a, b in zip(unpack(packed, shapes), tensors):
         assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    flat = pack([tensors[1], tensors[3]])
-    assert flat.shape == (11,)
-    np.testing.assert_array_equal(unpack([([0, 1], flat)], [(2, 3), (5,)])[1].numpy(),
-                                  tensors[3].numpy())
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # bit for bit
+
+
+def test_apply_update_orders_the_version_after_the_writes_in_a_tf_function():
+    w = tf.Variable(tf.ones((3,))), tf.Variable(tf.zeros((2,)))
+    version = tf.Variable(tf.constant(0, tf.int64))
+
+    @tf.function
+    def apply_and_read(lr):
+        bumped = apply_update([v.handle for v in w], version.handle,
+                              [[tf.ones((3,)), tf.ones((2,))]], [1.0], lr)
+        with tf.control_dependencies([bumped]):
+            return version.read_value(), [v.read_value() for v in w]
+
+    v, values = apply_and_read(tf.constant(0.5))
+    assert int(v) == 1
+    np.testing.assert_allclose(values[0].numpy(), [0.5] * 3)
+    np.testing.assert_allclose(values[1].numpy(), [-0.5] * 2)

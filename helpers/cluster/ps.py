@@ -17,16 +17,21 @@ import numpy as np
 
 from helpers import compression, files, models
 from helpers.cluster import protocol
-from helpers.cluster.wire import DEAD, Header, Token
+from helpers.cluster.wire import DEAD, Applied, Header, Token
+
+# async: applied updates the PS takes off its queue at a time (one dequeue, then one log line each)
+ASYNC_CHUNK = 16
 
 
 def apply_update(var_handles, version_handle, grads_list, weights, lr, momentum=0.0,
                  velocity_handles=()):
-    """One PS update: SGD (or momentum) with the weighted sum of the pushed gradients.
+    """One update: SGD (or momentum) with the weighted sum of the pushed gradients.
 
     var <- var - lr * sum_j weights[j] * grads_list[j] (with momentum m: v <- m v + g,
-    var <- var - lr v), then version += 1. Eager raw ops, not a tf.function: in a process
-    serving a cluster a tf.function call cost ~1.4 ms per update, these ops ~0.3 ms.
+    var <- var - lr v), then version += 1, once the variables are written. Raw ops, so the PS
+    runs it eagerly (in a process serving a cluster a tf.function call cost ~1.4 ms per update,
+    these ops ~0.3 ms), and an async worker inside its step function on the PS's device, where
+    `lr` is a tensor. Returns the version increment (an op, in a tf.function).
     """
     import tensorflow as tf
 
@@ -36,15 +41,16 @@ def apply_update(var_handles, version_handle, grads_list, weights, lr, momentum=
     else:
         grads = [tf.add_n([w * g[i] for w, g in zip(weights, grads_list)])
                  for i in range(len(grads_list[0]))]
-    lr = tf.constant(lr, tf.float32)
+    lr = tf.cast(lr, tf.float32)
     if momentum:
         m = tf.constant(momentum, tf.float32)
-        for h, g, v in zip(var_handles, grads, velocity_handles):
-            raw.ResourceApplyMomentum(var=h, accum=v, lr=lr, grad=g, momentum=m)
+        writes = [raw.ResourceApplyMomentum(var=h, accum=v, lr=lr, grad=g, momentum=m)
+                  for h, g, v in zip(var_handles, grads, velocity_handles)]
     else:
-        for h, g in zip(var_handles, grads):
-            raw.ResourceApplyGradientDescent(var=h, alpha=lr, delta=g)
-    raw.AssignAddVariableOp(resource=version_handle, value=tf.constant(1, tf.int64))
+        writes = [raw.ResourceApplyGradientDescent(var=h, alpha=lr, delta=g)
+                  for h, g in zip(var_handles, grads)]
+    with tf.control_dependencies(writes):  # ops on other resources are not ordered otherwise
+        return raw.AssignAddVariableOp(resource=version_handle, value=tf.constant(1, tf.int64))
 
 
 class PSLoop:
@@ -63,8 +69,6 @@ class PSLoop:
         self.lock = threading.Lock()
         self.last_heard = {w: time.monotonic() for w in cfg.worker_ids}  # liveness
         self.timed_out = False
-        tf = self.tf
-        self.velocity = [tf.Variable(tf.zeros(v.shape)) for v in model.trainable_variables]
         self.comp = compression.from_spec(cfg.compress)  # decodes pushes, eagerly (cheap)
         self.shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.version = 0
@@ -83,6 +87,8 @@ class PSLoop:
             self.log.write("resume", version=self.version, file=latest["file"])
         for h, v in zip(res.vars, values):
             raw.AssignVariableOp(resource=h, value=tf.constant(v))
+        for h, v in zip(res.velocity, values):  # momentum starts at rest, resumed runs too
+            raw.AssignVariableOp(resource=h, value=tf.zeros(v.shape))
         raw.AssignVariableOp(resource=res.version, value=tf.constant(self.version, tf.int64))
         raw.AssignVariableOp(resource=res.stopped, value=tf.constant(0, tf.int64))
 
@@ -98,7 +104,7 @@ class PSLoop:
     def _apply(self, grads_list, weights):
         lr = protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
         apply_update(self.res.vars, self.res.version, grads_list, weights, lr,
-                     self.cfg.momentum, [v.handle for v in self.velocity])
+                     self.cfg.momentum, self.res.velocity)
         self.version += 1
         return lr
 
@@ -140,9 +146,11 @@ class PSLoop:
                 header = Header(worker=w, step=-1, version=-1, kind=DEAD)
                 comps = [tf.constant(header, tf.int64)] + [
                     tf.zeros(shape, dtype) for dtype, shape in self.res.wire]
-                for handle, c in ((self.res.grads, comps),
-                                  (self.res.done, [tf.constant(w, tf.int64)]),
-                                  (self.res.join, [tf.constant(w, tf.int64)])):
+                notices = [(self.res.done, [tf.constant(w, tf.int64)]),
+                           (self.res.join, [tf.constant(w, tf.int64)])]
+                if self.cfg.mode != "async":  # async: no PS loop reads `grads`, none waits
+                    notices.append((self.res.grads, comps))
+                for handle, c in notices:
                     try:
                         raw.QueueEnqueueV2(handle=handle, components=c)
                     except tf.errors.OpError:
@@ -161,7 +169,7 @@ class PSLoop:
             return False
         self.timed_out = True
         self.log.write("timeout", silent_s=timeout, workers=sorted(live))
-        for handle in (self.res.grads, self.res.join, self.res.done):
+        for handle in (self.res.grads, self.res.applied, self.res.join, self.res.done):
             self.tf.raw_ops.QueueCloseV2(handle=handle, cancel_pending_enqueues=True)
         return True
 
@@ -183,6 +191,8 @@ class PSLoop:
             os.kill(os.getpid(), signal.SIGKILL if spec["kind"] == "kill" else signal.SIGSTOP)
 
     def _owe_tokens(self):
+        if self.version >= self.cfg.steps:  # the run is over: a token now would start a step
+            return                          # whose push may land before the queues close
         still = []
         for w, v in self.waiting:
             if v < self.version and w in self.alive:
@@ -232,7 +242,10 @@ class PSLoop:
                     alive = sorted(self.alive)
                 for w in alive:
                     self._grant(w, Token(clock=self.version, slowest=0))
-            self._loop(agg, pushes, types)
+            if mode == "async":
+                self._async_loop()
+            else:
+                self._loop(agg, pushes, types)
             self._finish()
             return self._final(t0)
         except BaseException as exc:
@@ -244,6 +257,47 @@ class PSLoop:
             if self.timed_out:
                 raise self._timeout_error() from exc
             raise
+
+    def _async_loop(self):
+        """async: each worker applies its own gradient on the PS, in the same remote call that
+        sent it (TF1's between-graph asynchronous training), so no push waits for this loop.
+
+        This loop only numbers the updates: it hands out tickets (the update's number and its
+        learning rate) up to the next checkpoint, PS fault or the end, and logs each update as
+        the workers report it applied. Once all of a block's tickets are applied the parameters
+        are exactly that version, so checkpoints and faults land where they do in the other
+        modes; the workers wait for the next block meanwhile.
+        """
+        tf, raw, cfg = self.tf, self.tf.raw_ops, self.cfg
+        fault = cfg.faults.get("ps")
+        while self.version < cfg.steps:
+            end = cfg.steps
+            if cfg.checkpoint_every:
+                end = min(end, (self.version // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
+            if fault and fault["at"] > self.version:
+                end = min(end, fault["at"])
+            lrs = {t: protocol.learning_rate(cfg.lr, cfg.lr_schedule, t)
+                   for t in range(self.version, end)}
+            raw.QueueEnqueueManyV2(handle=self.res.tickets, components=[
+                tf.constant(list(lrs), tf.int64), tf.constant(list(lrs.values()), tf.float32)])
+            done: dict[int, Applied] = {}
+            while self.version < end:  # log in ticket order; applies may finish out of order
+                n = min(ASYNC_CHUNK, end - self.version - len(done))
+                for row in raw.QueueDequeueManyV2(handle=self.res.applied, n=n,
+                                                  component_types=[tf.int64])[0].numpy():
+                    a = Applied(*(int(v) for v in row))
+                    done[a.ticket] = a
+                    self._heard(a.worker)
+                while self.version in done:
+                    a = done.pop(self.version)
+                    stale = protocol.staleness(a.version, a.ticket)
+                    self.version += 1
+                    self.log.write("update", version=self.version, lr=lrs[a.ticket],
+                                   workers=[a.worker], steps=[a.step], versions=[a.version],
+                                   staleness=[stale], weights=[1.0], fresh=[stale == 0])
+            if cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0:
+                self._checkpoint()
+            self._fault()
 
     def _loop(self, agg, pushes, types):
         raw, cfg, mode = self.tf.raw_ops, self.cfg, self.cfg.mode
@@ -309,8 +363,7 @@ class PSLoop:
         """Stop the workers: set the flag, close the queues so blocked ops return."""
         raw, tf = self.tf.raw_ops, self.tf
         raw.AssignVariableOp(resource=self.res.stopped, value=tf.constant(1, tf.int64))
-        raw.QueueCloseV2(handle=self.res.grads, cancel_pending_enqueues=True)
-        for h in self.res.tokens:
+        for h in [self.res.grads, self.res.tickets, self.res.applied] + self.res.tokens:
             raw.QueueCloseV2(handle=h, cancel_pending_enqueues=True)
 
     def _wait_all(self, queue, seen: set) -> None:

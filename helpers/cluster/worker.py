@@ -1,9 +1,11 @@
-"""A worker's side of a run: pull the parameters, compute a gradient, push it, wait for a token.
+"""A worker's side of a run: take a step token, pull the parameters, compute a gradient, push it.
 
-`WorkerLoop` runs in each worker process (started by node.py). One tf.function per step does
-the pull, the gradient on a local batch and the push, so each crosses the network as one
-transfer per dtype (wire.pack_by_dtype); the Python loop around it waits for the PS's step
-tokens when the mode says so, and simulates stragglers and faults.
+`WorkerLoop` runs in each worker process (started by node.py). One tf.function per step is one
+remote call: in the modes that wait (sync, SSP, backup) it takes the PS's step token, and the
+parameters ride back with it; it computes the gradient on a local batch and pushes it to the
+PS's queue, or in async applies it on the PS itself, as the update the PS's ticket numbers.
+Tensors cross the network as one transfer per wire dtype (wire.pack_by_dtype). The Python
+loop around it logs each step and simulates stragglers and faults.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ import numpy as np
 
 from helpers import compression
 from helpers.cluster import protocol
-from helpers.cluster.wire import GRAD, Header, Token, pack_by_dtype, unpack
+from helpers.cluster.wire import GRAD, Applied, Header, Token, pack_by_dtype, unpack
+
+
+WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
 
 
 class WorkerLoop:
@@ -51,19 +56,36 @@ class WorkerLoop:
         comp, residual = self.comp, self.residual
         here = self.acc[0].device  # this worker's CPU (acc: local tf.Variables)
         push_shapes = [(len(Header._fields),)] + [s for _, s in res.wire]
+        applies = cfg.mode == "async"  # async: apply on the PS here, not through the PS's loop
 
         @tf.function
-        def step(x, y, local_step, fetch: bool, push: bool):
+        def step(x, y, local_step, fetch: bool, push: bool, wait: bool):
+            # wait (sync, SSP, backup): the PS's token is taken in this call, and the
+            # parameters it allows ride back with it: no remote call of its own per step
+            token = tf.zeros([len(Token._fields)], tf.int64)
             if fetch:
                 with tf.device(ps):
-                    packed = pack_by_dtype([raw.ReadVariableOp(resource=h, dtype=tf.float32)
-                                            for h in res.vars])
-                    version = raw.ReadVariableOp(resource=res.version, dtype=tf.int64)
+                    after = []
+                    if wait:
+                        token = raw.QueueDequeueV2(handle=res.tokens[task],
+                                                   component_types=[tf.int64])[0]
+                        after = [token]
+                    # the version first: the parameters read after it hold at least its updates
+                    with tf.control_dependencies(after):
+                        version = raw.ReadVariableOp(resource=res.version, dtype=tf.int64)
+                    with tf.control_dependencies([version]):
+                        params = [raw.ReadVariableOp(resource=h, dtype=tf.float32)
+                                  for h in res.vars]
+                    packed = pack_by_dtype(params + [version, token])
                 with tf.device(here):
-                    values = unpack(packed, shapes)
+                    *values, version, token = unpack(packed, shapes + [(), (len(Token._fields),)])
                 for var, value in zip(variables, values):
                     var.assign(value)
                 self.version_read.assign(version)
+                with tf.control_dependencies(values):
+                    arrived = tf.timestamp()  # the token and the parameters are here
+            else:
+                arrived = tf.timestamp()
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
             grads = tape.gradient(loss, variables)
@@ -81,26 +103,47 @@ class WorkerLoop:
                 with tf.device(here):
                     packed = pack_by_dtype([meta] + wire)
                 with tf.device(ps):
-                    raw.QueueEnqueueV2(handle=res.grads,
-                                       components=unpack(packed, push_shapes))
+                    meta, *wire = unpack(packed, push_shapes)
+                    if applies:
+                        self._apply_on_ps(meta, comp.decode(wire, shapes))
+                    else:
+                        raw.QueueEnqueueV2(handle=res.grads, components=[meta] + wire)
                 for a in self.acc:
                     a.assign(tf.zeros_like(a))
-            return loss, self.version_read.read_value()
+            return loss, self.version_read.read_value(), token, arrived
 
         self.step = step
+
+    def _apply_on_ps(self, meta, grads):
+        """async, inside the step function on the PS's device: take the next ticket, apply the
+        gradient as that update with its learning rate, then report it applied."""
+        from helpers.cluster.ps import apply_update
+
+        tf, raw, res, cfg = self.tf, self.tf.raw_ops, self.res, self.cfg
+        with tf.control_dependencies(grads):  # hold no ticket while the gradient is in flight
+            ticket, lr = raw.QueueDequeueV2(handle=res.tickets,
+                                            component_types=[tf.int64, tf.float32])
+        bumped = apply_update(res.vars, res.version, [grads], [1.0], lr, cfg.momentum,
+                              res.velocity)
+        h = Header(*tf.unstack(meta))
+        with tf.control_dependencies([bumped]):
+            raw.QueueEnqueueV2(handle=res.applied, components=[
+                tf.stack(Applied(ticket=ticket, worker=h.worker, step=h.step,
+                                 version=h.version))])
 
     def _warm_up(self):
         """Trace the step function and run it once without pushing, so all start together."""
         tf, b = self.tf, self.cfg.batch_size
         x, y = self.x[:b], self.y[:b]
-        self.step(x, y, tf.constant(0, tf.int64), True, False)
+        self.step(x, y, tf.constant(0, tf.int64), True, False, False)
         for a in self.acc:
             a.assign(tf.zeros_like(a))
         pushes = {True} if self.cfg.n_push == 1 else {True, False}
         fetches = {True} if self.cfg.n_fetch == 1 else {True, False}
+        wait = self.cfg.mode in WAITING_MODES
         for fetch in fetches:
             for push in pushes:
-                self.step.get_concrete_function(x, y, tf.constant(0, tf.int64), fetch, push)
+                self.step.get_concrete_function(x, y, tf.constant(0, tf.int64), fetch, push, wait)
 
     def _token(self) -> Token:
         """Block until the PS grants this worker its next step."""
@@ -127,7 +170,7 @@ class WorkerLoop:
         n = len(self.x)
         order = self.rng.permutation(n)
         pos, step = 0, 0
-        waits_every_step = cfg.mode in ("sync", "backup", "ssp")
+        waits_every_step = cfg.mode in WAITING_MODES
         fault = cfg.faults.get(str(self.node.task))
         ended = (tf.errors.OutOfRangeError, tf.errors.CancelledError, tf.errors.AbortedError)
         try:
@@ -142,7 +185,7 @@ class WorkerLoop:
                     os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill"
                             else signal.SIGSTOP)
                 wait_s = 0.0
-                if step == 0 or waits_every_step:
+                if step == 0 and not waits_every_step:  # async: once, then never again
                     t = time.perf_counter()
                     token = self._token()
                     wait_s = time.perf_counter() - t
@@ -152,11 +195,16 @@ class WorkerLoop:
                 pos += cfg.batch_size
                 fetch = self.downpour.fetch(step)
                 push = self.downpour.accumulate()
-                t = time.perf_counter()
-                loss, version_read = self.step(self.x[idx], self.y[idx],
-                                               tf.constant(step, tf.int64), fetch, push)
+                t = time.time()  # wall clock, as tf.timestamp()
+                loss, version_read, tok, arrived = self.step(
+                    self.x[idx], self.y[idx], tf.constant(step, tf.int64), fetch, push,
+                    waits_every_step)
                 loss, version_read = float(loss), int(version_read)
-                compute_s = time.perf_counter() - t
+                compute_s = time.time() - t
+                if waits_every_step:  # the call waited for its token, then computed
+                    token = Token(*(int(v) for v in tok.numpy()))
+                    wait_s = float(arrived) - t
+                    compute_s -= wait_s
                 delay = self._delay(compute_s)
                 self.log.write("step", worker=self.node.task, step=step,
                                version_read=version_read, fetched=fetch,
