@@ -164,6 +164,16 @@ def main() -> None:
                       for m in times}
         out["time_to_target_s_per_update"] = per_update
     out["one_process_steps_per_s"] = base
+    # the floor of any design with one remote call per step: an empty remote call plus the
+    # local gradient, measured now (step_profile's calls, against a real PS server)
+    from step_profile import remote_costs
+
+    costs = remote_costs(100 if args.quick else 300)
+    floor_ms = costs["remote_read_scalar_ms"] + costs["local_gradient_ms"]
+    out["remote_call_costs_ms"] = costs
+    out["one_call_per_step_ceiling"] = {
+        "floor_ms_per_step": floor_ms, "max_steps_per_s": 1000 / floor_ms,
+        "async_1w_logreg_vs_one_process": 1000 / floor_ms / base["logreg"]}
     out["load_average_end"] = os.getloadavg()
     rows[:0] = [("one process", "-", m, f"{base[m]:.0f}", "1.00", "", "", "") for m in base]
     rows = [r[:4] + ((f"{float(r[3]) / base[r[2]]:.2f}",) if r[0] != "one process" else ("1.00",))
@@ -196,6 +206,12 @@ def main() -> None:
           % REPEATS)
     for name, (value, goal) in ratios.items():
         print(f"| {name} | {value:.2f} | {goal} |")
+    ceiling = out["one_call_per_step_ceiling"]
+    print(f"\nceiling of async_1w_logreg_vs_one_process with one remote call per step: "
+          f"{ceiling['async_1w_logreg_vs_one_process']:.2f} (an empty remote call "
+          f"{costs['remote_read_scalar_ms']:.2f} ms + the local gradient "
+          f"{costs['local_gradient_ms']:.2f} ms = {floor_ms:.2f} ms, at most "
+          f"{ceiling['max_steps_per_s']:.0f} steps/s; one process {base['logreg']:.0f} steps/s)")
     print("\n| side by side: steps/s | " + " | ".join(f"run {i + 1}" for i in range(REPEATS))
           + " | median |\n|" + " --- |" * (REPEATS + 2))
     for name, runs in side.items():
