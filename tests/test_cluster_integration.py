@@ -74,6 +74,32 @@ def test_async_downpour_trains_and_records_staleness(cluster):
     assert set(summary["resources"]) >= {"ps:0", "worker:0"}
 
 
+def test_async_workers_apply_under_numbered_tickets_with_schedule_momentum_and_checkpoints(
+        cluster):
+    """async: the workers apply their own gradients on the PS; the PS's tickets number every
+    update once, give it the schedule's learning rate, and stop at each checkpoint."""
+    schedule = {"name": "piecewise", "boundaries": [50, 100], "values": [0.1, 0.05, 0.02]}
+    run = cluster.train(mode="async", lr_schedule=schedule, momentum=0.5, checkpoint_every=25,
+                        **THREE, **COMMON)
+    assert run.test_accuracy > MIN_ACCURACY
+    up = updates(run)
+    assert up.version.tolist() == list(range(1, STEPS + 1))
+    assert up.lr.tolist() == pytest.approx(
+        [protocol.learning_rate(COMMON["lr"], schedule, v - 1) for v in up.version])
+    assert set(w for row in up.workers for w in row) == {0, 1, 2}
+    ev = run.events
+    ps = ev[ev.source == "ps-0"].reset_index(drop=True)
+    ckpts = ps[ps.kind == "checkpoint"]
+    assert ckpts.version.tolist() == list(range(25, STEPS + 1, 25))
+    for i, row in ckpts.iterrows():  # written once exactly `version` updates were applied
+        assert (ps.loc[:i].kind == "update").sum() == row.version
+    # a step is logged once its call returned, i.e. once its gradient was applied: the pushed
+    # steps and the updates are the same (worker, step) pairs, each once
+    st = steps_of(run)
+    pushed = sorted(zip(st[st.pushed].worker.astype(int), st[st.pushed].step.astype(int)))
+    assert pushed == sorted((row.workers[0], row.steps[0]) for row in up.itertuples())
+
+
 def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster):
     run = cluster.train(mode="sync", **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
