@@ -122,13 +122,6 @@ def declare(tf, ps_device: str, cfg, shapes) -> Resources:
         )
 
 
-def pack(tensors):
-    """One flat tensor from tensors of one dtype."""
-    import tensorflow as tf
-
-    return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-
-
 # integers cross the wire as float32 words (a lossless bitcast), so that a message of floats and
 # integers is one transfer; other dtypes (float16) keep a flat tensor of their own
 WORDS = {"int64": 2, "int32": 1, "float32": 1}

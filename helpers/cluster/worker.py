@@ -17,7 +17,8 @@ import numpy as np
 
 from helpers import compression
 from helpers.cluster import protocol
-from helpers.cluster.wire import GRAD, Applied, Header, Token, pack_by_dtype, unpack
+from helpers.cluster.wire import (GRAD, Applied, Header, Ticket, Token, pack_by_dtype,
+                                  unpack)
 
 
 WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
@@ -121,14 +122,14 @@ class WorkerLoop:
 
         tf, raw, res, cfg = self.tf, self.tf.raw_ops, self.res, self.cfg
         with tf.control_dependencies(grads):  # hold no ticket while the gradient is in flight
-            ticket, lr = raw.QueueDequeueV2(handle=res.tickets,
-                                            component_types=[tf.int64, tf.float32])
-        bumped = apply_update(res.vars, res.version, [grads], [1.0], lr, cfg.momentum,
+            t = Ticket(*raw.QueueDequeueV2(handle=res.tickets,
+                                           component_types=[tf.int64, tf.float32]))
+        bumped = apply_update(res.vars, res.version, [grads], [1.0], t.lr, cfg.momentum,
                               res.velocity)
         h = Header(*tf.unstack(meta))
         with tf.control_dependencies([bumped]):
             raw.QueueEnqueueV2(handle=res.applied, components=[
-                tf.stack(Applied(ticket=ticket, worker=h.worker, step=h.step,
+                tf.stack(Applied(ticket=t.ticket, worker=h.worker, step=h.step,
                                  version=h.version))])
 
     def _warm_up(self):
