@@ -107,3 +107,27 @@ def accuracy(model, x, y, batch: int = 250) -> float:
         logits = np.asarray(model(x[i:i + batch], training=False))
         hits += int((logits.argmax(axis=1) == y[i:i + batch]).sum())
     return hits / len(x)
+
+
+def accuracy_fn(model, x, y, batch: int = 250):
+    """`accuracy` compiled once, for a process that scores the same test set many times.
+
+    Returns a no-argument function giving the model's current accuracy on (x, y). The batch
+    loop runs inside one tf.function call: the cluster's evaluator scores every checkpoint,
+    and the eager loop cost it ~7x the CPU (logreg on 2,000 images: 10 ms against 1.4),
+    CPU the workers it shares the cores with need. Traced here, not at the first checkpoint.
+    """
+    import tensorflow as tf
+
+    xs, ys, n = tf.constant(x), tf.constant(y, tf.int64), len(x)
+
+    @tf.function
+    def hits(xs, ys):
+        total = tf.constant(0, tf.int64)
+        for i in tf.range(0, n, batch):
+            guess = tf.argmax(model(xs[i:i + batch], training=False), axis=1)
+            total += tf.reduce_sum(tf.cast(guess == ys[i:i + batch], tf.int64))
+        return total
+
+    hits.get_concrete_function(xs, ys)
+    return lambda: int(hits(xs, ys)) / n

@@ -11,7 +11,8 @@ class EvaluatorLoop:
 
     def __init__(self, node, run_dir, log, model, res, test):
         self.node, self.tf, self.run_dir, self.log = node, node.tf, run_dir, log
-        self.model, self.res, self.test = model, res, test
+        self.model, self.res = model, res
+        self.score = models.accuracy_fn(model, *test)
 
     def run(self) -> dict:
         tf, raw = self.tf, self.tf.raw_ops
@@ -29,7 +30,7 @@ class EvaluatorLoop:
             with np.load(path) as f:
                 for i, var in enumerate(self.model.trainable_variables):
                     var.assign(f[f"w{i}"])
-            acc = models.accuracy(self.model, *self.test)
+            acc = self.score()
             self.log.write("eval", version=version, test_accuracy=acc, file=path.name)
             evaluated += 1
         return {"evaluated": evaluated}
