@@ -144,14 +144,18 @@ def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster):
 
 
 def test_backup_drop_discards_late_gradients(cluster):
-    run = cluster.train(mode="backup", k=2, stale="drop", stragglers={2: 3.0}, **THREE,
-                        **COMMON)
+    run = cluster.train(mode="backup", k=2, stale="drop", stragglers={2: 3.0},
+                        checkpoint_every=10, **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
     for _, row in updates(run).iterrows():
         assert row.fresh == [True, True] and row.versions == [row.version - 1] * 2
     drops = run.events[run.events.kind == "drop"]
     assert len(drops) > 0 and (drops.staleness >= 1).all()
     assert run.summary()["dropped"] == len(drops)
+    # one checkpoint per 10 updates, each written once: the pushes that arrive between two
+    # updates (a dropped one, or the first of the next k) must not write it again
+    ckpts = run.events[run.events.kind == "checkpoint"]
+    assert ckpts.version.astype(int).tolist() == list(range(10, STEPS + 1, 10))
 
 
 def test_compressed_pushes_send_fewer_bytes_and_still_train(cluster):

@@ -311,6 +311,7 @@ class PSLoop:
                 continue
             grads = self.comp.decode(comps[1:], self.shapes)
             push = protocol.Push(worker, step, version_read)
+            before = self.version
             if agg is None:  # async and ssp apply every push at once
                 stale = protocol.staleness(version_read, self.version)
                 lr = self._apply([grads], [1.0])
@@ -329,7 +330,6 @@ class PSLoop:
                     pushes.pop((p.worker, p.step))
                 agg.dropped.clear()
                 if update is not None:
-                    before = self.version
                     lr = self._apply([pushes.pop((p.worker, p.step)) for p in update.pushes],
                                      update.weights)
                     self.log.write(
@@ -341,7 +341,10 @@ class PSLoop:
                         weights=update.weights, fresh=update.fresh)
                 self.waiting.append((worker, version_read))
                 self._owe_tokens()
-            if cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0:
+            # after an update only: a push that updated nothing leaves the last checkpoint's
+            # version, which must not be written (and evaluated) again
+            if (cfg.checkpoint_every and self.version > before
+                    and self.version % cfg.checkpoint_every == 0):
                 self._checkpoint()
             self._fault()
 
