@@ -17,7 +17,7 @@ import numpy as np
 
 from helpers import compression, files, models
 from helpers.cluster import protocol
-from helpers.cluster.wire import DEAD, Applied, Header, Token
+from helpers.cluster.wire import DEAD, WARMUP, Applied, Header, Token
 
 # async: applied updates the PS takes off its queue at a time (one dequeue, then one log line each)
 ASYNC_CHUNK = 16
@@ -308,6 +308,8 @@ class PSLoop:
             self._heard(worker)
             if header.kind == DEAD:
                 self._on_dead(worker, agg)
+                continue
+            if header.kind == WARMUP:  # sent before the worker joined: first in the queue
                 continue
             grads = self.comp.decode(comps[1:], self.shapes)
             push = protocol.Push(worker, step, version_read)

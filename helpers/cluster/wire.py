@@ -30,6 +30,7 @@ import numpy as np
 
 # kinds of message in the `grads` queue
 GRAD = 0  # a worker's (accumulated, compressed) gradient
+WARMUP = 1  # a worker's warm-up step before it joins (sync, SSP, backup): the PS skips it
 DEAD = 2  # sent by the PS's own watcher thread: this worker's process is gone
 
 
@@ -39,7 +40,7 @@ class Header(NamedTuple):
     worker: int
     step: int  # the worker's step counter when it pushed (-1 for DEAD)
     version: int  # the parameter version the gradient was computed on (-1 for DEAD)
-    kind: int  # GRAD or DEAD
+    kind: int  # GRAD, WARMUP or DEAD
 
 
 class Token(NamedTuple):
