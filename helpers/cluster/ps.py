@@ -17,7 +17,7 @@ import numpy as np
 
 from helpers import compression, files, models
 from helpers.cluster import protocol
-from helpers.cluster.wire import DEAD, WARMUP, Applied, Header, Token
+from helpers.cluster.wire import DEAD, WARMUP, WARMUP_TICKET, Applied, Header, Token
 
 # async: applied updates the PS takes off its queue at a time (one dequeue, then one log line each)
 ASYNC_CHUNK = 16
@@ -100,6 +100,12 @@ class PSLoop:
         """Put one step token in the worker's queue."""
         self.tf.raw_ops.QueueEnqueueV2(handle=self.res.tokens[worker],
                                        components=[self.tf.constant(token, self.tf.int64)])
+
+    def _tickets(self, numbers, lrs):
+        """Hand out async tickets: (update number, learning rate) pairs, in this order."""
+        tf = self.tf
+        tf.raw_ops.QueueEnqueueManyV2(handle=self.res.tickets, components=[
+            tf.constant(numbers, tf.int64), tf.constant(lrs, tf.float32)])
 
     def _apply(self, grads_list, weights):
         lr = protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
@@ -229,9 +235,16 @@ class PSLoop:
         t0 = time.time()
         self.log.write("start", mode=mode, workers=cfg.worker_ids, version=self.version)
         try:
+            if mode == "async":  # one for each worker's warm-up push (worker.py, _warm_up)
+                self._tickets([WARMUP_TICKET] * len(cfg.worker_ids), [0.0] * len(cfg.worker_ids))
             for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
                 self._grant(w, Token(clock=self.version, slowest=0))
             self._wait_all(self.res.join, set())
+            if mode == "async":  # a worker that died warming up left its ticket: not a real one
+                left = int(self.tf.raw_ops.QueueSizeV2(handle=self.res.tickets))
+                if left:
+                    self.tf.raw_ops.QueueDequeueManyV2(handle=self.res.tickets, n=left,
+                                                       component_types=[tf.int64, tf.float32])
             with self.lock:
                 joined = sorted(self.alive)
             self.log.write("joined", workers=joined)
@@ -278,8 +291,7 @@ class PSLoop:
                 end = min(end, fault["at"])
             lrs = {t: protocol.learning_rate(cfg.lr, cfg.lr_schedule, t)
                    for t in range(self.version, end)}
-            raw.QueueEnqueueManyV2(handle=self.res.tickets, components=[
-                tf.constant(list(lrs), tf.int64), tf.constant(list(lrs.values()), tf.float32)])
+            self._tickets(list(lrs), list(lrs.values()))
             done: dict[int, Applied] = {}
             while self.version < end:  # log in ticket order; applies may finish out of order
                 n = min(ASYNC_CHUNK, end - self.version - len(done))

@@ -53,8 +53,12 @@ class Token(NamedTuple):
 class Ticket(NamedTuple):
     """One element of `tickets` (async): the right to apply one update, and its learning rate."""
 
-    ticket: int  # the update's number: the version the parameters had before it (0-based)
+    ticket: int  # the update's number: the version the parameters had before it (0-based),
+    #              or WARMUP_TICKET: a warm-up step's, which applies and reports nothing
     lr: float  # the learning rate the schedule gives that version
+
+
+WARMUP_TICKET = -1
 
 
 class Applied(NamedTuple):

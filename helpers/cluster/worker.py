@@ -17,8 +17,8 @@ import numpy as np
 
 from helpers import compression
 from helpers.cluster import protocol
-from helpers.cluster.wire import (GRAD, WARMUP, Applied, Header, Ticket, Token,
-                                  pack_by_dtype, unpack)
+from helpers.cluster.wire import (GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket,
+                                  Token, pack_by_dtype, unpack)
 
 
 WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
@@ -118,48 +118,49 @@ class WorkerLoop:
 
     def _apply_on_ps(self, meta, grads):
         """async, inside the step function on the PS's device: take the next ticket, apply the
-        gradient as that update with its learning rate, then report it applied."""
+        gradient as that update with its learning rate, then report it applied. A warm-up
+        ticket applies and reports nothing."""
         from helpers.cluster.ps import apply_update
 
-        tf, raw, res, cfg = self.tf, self.tf.raw_ops, self.res, self.cfg
+        tf, raw, res, cfg, ps = self.tf, self.tf.raw_ops, self.res, self.cfg, self.node.ps
         with tf.control_dependencies(grads):  # hold no ticket while the gradient is in flight
             t = Ticket(*raw.QueueDequeueV2(handle=res.tickets,
                                            component_types=[tf.int64, tf.float32]))
-        bumped = apply_update(res.vars, res.version, [grads], [1.0], t.lr, cfg.momentum,
-                              res.velocity)
-        h = Header(*tf.unstack(meta))
-        with tf.control_dependencies([bumped]):
-            raw.QueueEnqueueV2(handle=res.applied, components=[
-                tf.stack(Applied(ticket=t.ticket, worker=h.worker, step=h.step,
-                                 version=h.version))])
+
+        def apply():
+            with tf.device(ps):
+                bumped = apply_update(res.vars, res.version, [grads], [1.0], t.lr,
+                                      cfg.momentum, res.velocity)
+                h = Header(*tf.unstack(meta))
+                with tf.control_dependencies([bumped]):
+                    raw.QueueEnqueueV2(handle=res.applied, components=[
+                        tf.stack(Applied(ticket=t.ticket, worker=h.worker, step=h.step,
+                                         version=h.version))])
+
+        tf.cond(t.ticket != WARMUP_TICKET, apply, lambda: None)
 
     def _warm_up(self):
         """Run the step function before joining, so that no timed step pays to set it up.
 
         The first call of a function with a part on the PS also sets that part up there
-        (~35 ms measured, on top of tracing). The modes that wait run the very variant they
-        train with: it takes the PS's first token ("parameters are ready") and pushes a
-        WARMUP message, which the PS skips. An async push would apply its gradient, so async
-        takes that token on its own and runs the step without pushing; its first push still
-        sets up the apply on the PS.
+        (~35 ms measured, on top of tracing; an async worker's first apply took 30-70 ms, and
+        a slow starter could miss a whole short run). So each worker runs the very variant it
+        trains with, and pushes once: the modes that wait take the PS's first token
+        ("parameters are ready") inside it and push a WARMUP message, which the PS skips; an
+        async worker takes that token first and applies under a warm-up ticket, which applies
+        nothing. Downpour's other variants (n_fetch, n_push > 1) are traced only.
         """
-        tf, b = self.tf, self.cfg.batch_size
+        tf, b, cfg = self.tf, self.cfg.batch_size, self.cfg
         x, y = self.x[:b], self.y[:b]
-        wait = self.cfg.mode in WAITING_MODES
-        if wait:  # n_fetch = n_push = 1 in these modes: this is their only variant
-            self.step(x, y, tf.constant(-1, tf.int64), True, True, True)
-            if self.residual is not None:  # the warm-up's compression error is not owed
-                for r in self.residual:
-                    r.assign(tf.zeros_like(r))
-            return
-        self._token()
-        self.step(x, y, tf.constant(0, tf.int64), True, False, False)
-        for a in self.acc:
-            a.assign(tf.zeros_like(a))
-        pushes = {True} if self.cfg.n_push == 1 else {True, False}
-        fetches = {True} if self.cfg.n_fetch == 1 else {True, False}
-        for fetch in fetches:
-            for push in pushes:
+        wait = cfg.mode in WAITING_MODES
+        if not wait:
+            self._token()
+        self.step(x, y, tf.constant(-1, tf.int64), True, True, wait)
+        if self.residual is not None:  # the warm-up's compression error is not owed
+            for r in self.residual:
+                r.assign(tf.zeros_like(r))
+        for fetch in {True, cfg.n_fetch == 1}:
+            for push in {True, cfg.n_push == 1}:
                 self.step.get_concrete_function(x, y, tf.constant(0, tf.int64), fetch, push, wait)
 
     def _token(self) -> Token:
