@@ -1,10 +1,10 @@
-"""The PS's update rule (ps.apply_update) against NumPy: SGD and momentum, one push or a
+"""The PS's update rule (update.apply_update) against NumPy: SGD and momentum, one push or a
 weighted sum of several, on local TF variables (no cluster needed)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers.cluster.ps import apply_update
+from helpers.cluster.update import apply_update
 from helpers.cluster.wire import pack_by_dtype, unpack
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from helpers import compression
 from helpers.cluster import protocol
+from helpers.cluster.update import apply_update
 from helpers.cluster.wire import (GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket,
                                   Token, pack_by_dtype, unpack)
 
@@ -120,8 +121,6 @@ class WorkerLoop:
         """async, inside the step function on the PS's device: take the next ticket, apply the
         gradient as that update with its learning rate, then report it applied. A warm-up
         ticket applies and reports nothing."""
-        from helpers.cluster.ps import apply_update
-
         tf, raw, res, cfg, ps = self.tf, self.tf.raw_ops, self.res, self.cfg, self.node.ps
         with tf.control_dependencies(grads):  # hold no ticket while the gradient is in flight
             t = Ticket(*raw.QueueDequeueV2(handle=res.tickets,
