@@ -151,14 +151,13 @@ def main() -> None:
     # while backup's at 31-34 counted as 35), and no evaluator process takes CPU from the
     # workers while they train. Each mode runs TTT_REPEATS times, alternating; medians.
     with LocalCluster(workers=3, isolate="auto") as c:
-        plan = {"sync": {}, "backup": {"k": 2, "stale": "drop"},
-                "backup_fold": {"k": 2, "stale": "fold"}}
+        plan = {"sync": {"mode": "sync"}, "backup": {"mode": "backup", "k": 2, "stale": "drop"},
+                "backup_fold": {"mode": "backup", "k": 2, "stale": "fold"}}
         times = {name: [] for name in plan}
         updates = {name: [] for name in plan}  # time to target = updates x seconds per update
         for _ in range(TTT_REPEATS):
             for name, kw in plan.items():
-                mode = name.split("_")[0]
-                run = c.train(mode=mode, steps=150 if not args.quick else 100, lr=0.2,
+                run = c.train(steps=150 if not args.quick else 100, lr=0.2,
                               stragglers={2: 3.0}, checkpoint_every=1, **kw, **common)
                 curve = runlogs.test_curve(run)
                 t = runlogs.time_to_accuracy(curve, TARGET_ACCURACY)

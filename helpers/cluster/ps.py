@@ -194,15 +194,7 @@ class PSLoop:
         self._init_vars()
         watcher = threading.Thread(target=self._watch_workers, daemon=True)
         watcher.start()
-        types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res.wire]
         mode = cfg.mode
-        agg = None
-        if mode in ("sync", "backup"):
-            k = cfg.workers if mode == "sync" else cfg.k
-            agg = protocol.BackupAggregator(k, cfg.stale if mode == "backup" else "drop",
-                                            cfg.decay, cfg.fold_bound)
-            agg.version = self.version
-        pushes: dict[tuple[int, int], list] = {}
         t0 = time.time()
         self.log.write("start", mode=mode, workers=cfg.worker_ids, version=self.version)
         try:
@@ -229,7 +221,7 @@ class PSLoop:
             if mode == "async":
                 self._async_loop()
             else:
-                self._loop(agg, pushes, types)
+                self._loop()
             self._finish()
             return self._final(t0)
         except BaseException as exc:
@@ -282,8 +274,17 @@ class PSLoop:
                 self._checkpoint()
             self._fault()
 
-    def _loop(self, agg, pushes, types):
-        raw, cfg, mode = self.tf.raw_ops, self.cfg, self.cfg.mode
+    def _loop(self):
+        """sync, SSP and backup: take each push off the queue and apply it by the mode's rules."""
+        tf, raw, cfg, mode = self.tf, self.tf.raw_ops, self.cfg, self.cfg.mode
+        types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res.wire]
+        agg = None  # SSP applies every push at once; sync and backup aggregate k of them
+        if mode in ("sync", "backup"):
+            k = cfg.workers if mode == "sync" else cfg.k
+            agg = protocol.BackupAggregator(k, cfg.stale if mode == "backup" else "drop",
+                                            cfg.decay, cfg.fold_bound)
+            agg.version = self.version
+        pushes: dict[tuple[int, int], list] = {}
         while self.version < cfg.steps:
             comps = raw.QueueDequeueV2(handle=self.res.grads, component_types=types)
             header = Header(*(int(v) for v in comps[0].numpy()))
@@ -297,7 +298,7 @@ class PSLoop:
             grads = self.comp.decode(comps[1:], self.shapes)
             push = protocol.Push(worker, step, version_read)
             before = self.version
-            if agg is None:  # async and ssp apply every push at once
+            if agg is None:  # SSP
                 stale = protocol.staleness(version_read, self.version)
                 lr = self._apply([grads], [1.0])
                 self.log.write("update", version=self.version, lr=lr, workers=[worker],

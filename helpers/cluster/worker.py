@@ -158,8 +158,10 @@ class WorkerLoop:
         if self.residual is not None:  # the warm-up's compression error is not owed
             for r in self.residual:
                 r.assign(tf.zeros_like(r))
-        for fetch in {True, cfg.n_fetch == 1}:
-            for push in {True, cfg.n_push == 1}:
+        fetches = {True} if cfg.n_fetch == 1 else {True, False}
+        pushes = {True} if cfg.n_push == 1 else {True, False}
+        for fetch in fetches:
+            for push in pushes:
                 self.step.get_concrete_function(x, y, tf.constant(0, tf.int64), fetch, push, wait)
 
     def _token(self) -> Token:
