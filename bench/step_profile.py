@@ -5,11 +5,13 @@ Part 1 trains async on one worker + PS (logistic regression and LeNet) and split
 step, from its event log, into the step function (pull, gradient, push: one tf.function) and
 the Python loop around it. (In async the workers apply their own gradients on the PS inside
 the step function, so the PS's loop is off the step's path: it only numbers the updates.)
-Part 2 starts one TF server (the PS) and times, from this process, a local empty call, one
-remote read of a scalar, a remote read of the logistic regression's parameters, and one call
-that reads them and applies a gradient on the PS (what an async worker applying its own
-gradient would do), next to the local gradient computation. Part 2's server is not in a
-private network namespace: the measuring process must reach it.
+Part 2 starts one TF server (the PS) and times, from this process, a local empty call and one
+remote read of a scalar; then, for each model, the local gradient, a remote read of the
+parameters, one call that pulls, computes and applies on the PS (the shape of the engine's async
+step), and one call that takes an already computed gradient to the PS and brings the parameters
+back. The local gradient plus that last call is the floor of an async step that never computes
+on parameters older than the last update. Part 2's server is not in a private network
+namespace: the measuring process must reach it.
 Writes runs/bench/step_profile.json and prints a markdown table.
 Usage: python bench/step_profile.py [--quick]
 """
@@ -69,22 +71,17 @@ def remote_costs(repeats: int) -> dict:
 
 
 def measure_calls(ps_addr: str, repeats: int) -> dict:
-    """In this process, connected to the PS at `ps_addr`: median ms of each kind of call."""
-    import keras
+    """In this process, connected to the PS at `ps_addr`: median ms of each kind of call.
+
+    Besides an empty local call and the smallest remote call, per model (model_calls): the
+    local gradient and the calls an async step could be made of."""
     import tensorflow as tf
 
-    from helpers import models
-
-    x, y, _, _, _ = models.load_arrays("mnist", BATCH, 1, 0, images=("train",))
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [ps_addr]}))
     ps = "/job:ps/replica:0/task:0/device:CPU:0"
     with tf.device(ps):
         int(tf.constant(1) + 1)  # blocks until the PS answers (as helpers.cluster.node does)
-    model = models.build("logreg", x.shape[1:], 10, 0)
-    with tf.device(ps):
         scalar = tf.Variable(0.0)
-        params = [tf.Variable(v.numpy()) for v in model.trainable_variables]
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
     def empty():
@@ -94,39 +91,93 @@ def measure_calls(ps_addr: str, repeats: int) -> dict:
     def read_scalar():
         return scalar.read_value()
 
-    @tf.function
-    def read_params():
-        return [p.read_value() for p in params]
-
-    @tf.function
-    def local_grad(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        return tape.gradient(loss, model.trainable_variables)
-
-    @tf.function
-    def read_grad_apply(xb, yb):  # pull, local gradient, apply on the PS: one call
-        for var, p in zip(model.trainable_variables, params):
-            var.assign(p.read_value())
-        for p, g in zip(params, local_grad(xb, yb)):
-            p.assign_sub(0.1 * g)
-        return tf.constant(0.0)
-
-    calls = {"local_empty_call_ms": lambda: empty(),
-             "remote_read_scalar_ms": lambda: read_scalar(),
-             "remote_read_params_ms": lambda: read_params(),
-             "local_gradient_ms": lambda: local_grad(x, y),
-             "pull_gradient_apply_one_call_ms": lambda: read_grad_apply(x, y)}
-    out = {}
-    for name, call in calls.items():
+    def timed(call) -> float:
         call()  # trace
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
             tf.nest.map_structure(lambda v: v.numpy(), call())
             times.append(time.perf_counter() - t)
-        out[name] = ms(times)
+        return ms(times)
+
+    out = {"local_empty_call_ms": timed(empty), "remote_read_scalar_ms": timed(read_scalar)}
+    for name in ("logreg", "lenet"):
+        prefix = "" if name == "logreg" else "lenet_"
+        out.update({prefix + k: v for k, v in model_calls(name, ps, timed).items()})
     return out
+
+
+def model_calls(name: str, ps: str, timed) -> dict:
+    """Median ms, for one model, of:
+    - local_gradient_ms: the gradient of one batch, here;
+    - remote_read_params_ms: one read of the parameters on the PS;
+    - pull_gradient_apply_one_call_ms: one call that pulls, computes here and applies on the PS
+      (the shape of the engine's async step, without its tickets and event log);
+    - push_gradient_read_params_ms: a gradient already computed here goes to the PS, is applied
+      there, and the parameters come back, one packed transfer each way (wire.pack_by_dtype);
+    - gradient_push_read_one_call_ms: both in one call: the gradient of one batch on the
+      parameters held here, pushed, applied, and the parameters read back. That is all a step
+      must do if it never computes on parameters older than the last update (with one worker),
+      in the fewest calls and transfers: the floor of such a step on this machine.
+    """
+    import keras
+    import tensorflow as tf
+
+    from helpers import models
+    from helpers.cluster.wire import pack_by_dtype, unpack
+
+    x, y, _, _, _ = models.load_arrays("mnist", BATCH, 1, 0, images=("train",))
+    model = models.build(name, x.shape[1:], 10, 0)
+    variables = model.trainable_variables
+    shapes = [tuple(v.shape) for v in variables]
+    here = variables[0].value.device  # this process's CPU (a Keras variable holds a tf one)
+    with tf.device(ps):
+        params = [tf.Variable(v.numpy()) for v in variables]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def gradient(xb, yb):  # on the parameters held here
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        return tape.gradient(loss, variables)
+
+    def pull():  # the PS's parameters, one packed transfer, into the ones held here
+        with tf.device(ps):
+            packed = pack_by_dtype([p.read_value() for p in params])
+        with tf.device(here):
+            for var, value in zip(variables, unpack(packed, shapes)):
+                var.assign(value)
+        return tf.constant(0.0)
+
+    def push(grads):  # one packed transfer to the PS, applied there
+        with tf.device(here):
+            packed = pack_by_dtype(grads)
+        with tf.device(ps):
+            for p, g in zip(params, unpack(packed, shapes)):
+                p.assign_sub(0.1 * g)
+            return [p.value() for p in params]
+
+    def push_then_pull(grads):
+        with tf.control_dependencies(push(grads)):
+            return pull()
+
+    def pull_then_push(xb, yb):
+        with tf.control_dependencies([pull()]):
+            grads = gradient(xb, yb)
+        with tf.control_dependencies(push(grads)):
+            return tf.constant(0.0)
+
+    local_grad = tf.function(gradient)
+    read_params = tf.function(lambda: [p.read_value() for p in params])
+    pull_gradient_apply = tf.function(pull_then_push)
+    push_read = tf.function(push_then_pull)
+    gradient_push_read = tf.function(lambda xb, yb: push_then_pull(gradient(xb, yb)))
+
+    grads = local_grad(x, y)
+    return {"local_gradient_ms": timed(lambda: local_grad(x, y)),
+            "remote_read_params_ms": timed(read_params),
+            "pull_gradient_apply_one_call_ms": timed(lambda: pull_gradient_apply(x, y)),
+            "push_gradient_read_params_ms": timed(lambda: push_read(grads)),
+            "gradient_push_read_one_call_ms": timed(lambda: gradient_push_read(x, y))}
 
 
 def main() -> None:
@@ -153,7 +204,8 @@ def main() -> None:
         print(f"| {m} | {out['one_process_step_ms'][m]:.2f} | {e['step_ms']:.2f} | "
               f"{e['step_function_ms']:.2f} | {e['loop_ms']:.2f} | "
               f"{e['steps_per_s']:.0f} |")
-    print("\n| call (logistic regression, batch %d) | median ms |\n| --- | ---: |" % BATCH)
+    print("\n| call (batch %d; lenet_: LeNet, else logistic regression) | median ms |\n"
+          "| --- | ---: |" % BATCH)
     for name, value in out["remote_costs"].items():
         print(f"| {name} | {value:.2f} |")
     print("\nload average at start and end:", out["load_average_start"], out["load_average_end"])
