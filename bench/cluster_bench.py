@@ -3,8 +3,11 @@ side by side with one process and with TensorFlow's own ParameterServerStrategy.
 
 Prints markdown tables and writes runs/bench/cluster_bench.json, whose "ratios" object holds
 the figures issue 12 sets targets for. All ratios are measured in this one run, on this
-machine; the side-by-side figures alternate one process, the engine and TF's
-ParameterServerStrategy + ClusterCoordinator REPEATS times and keep the medians.
+machine; the side-by-side figures alternate one process, the engine, TF's
+ParameterServerStrategy + ClusterCoordinator and the floor of a staleness-free async step (one
+hand-made call, step_profile.py) REPEATS times and keep the medians. That floor over one
+process is the ceiling of the async_1w ratios for any step that never computes on parameters
+older than the last update ("staleness_free_step_ceiling").
 Usage: python bench/cluster_bench.py [--quick]
 """
 from __future__ import annotations
@@ -25,7 +28,11 @@ from helpers import config, files, runlogs  # noqa: E402
 from helpers.cluster import LocalCluster, strategies, tfconfig  # noqa: E402
 
 MEMORY_KEYS = ("peak_rss_mb", "peak_pss_mb", "peak_uss_mb")
-TARGET_ACCURACY = 0.82
+# time to target: notebook 06's full-mode experiment (all 60,000 training images, 10,000 test
+# images, lr 0.2, target 87%), so the bench measures what the lesson shows
+TARGET_ACCURACY = 0.87
+TTT_TARGETS = (0.80, 0.82, 0.85, 0.87, 0.88)  # every crossing is also recorded, for the record
+TTT_SETUP = dict(train_size=60_000, test_size=10_000, lr=0.2, steps=150)
 REPEATS = 3
 TTT_REPEATS = 5  # time-to-target runs per mode: the crossing varies run to run
 TRAIN_SIZE, BATCH = 6000, 64
@@ -72,16 +79,21 @@ def idle_memory(pids: dict) -> dict:
     return {names[pid]: usage for pid, usage in monitor.summary().items()}
 
 
-def side_by_side(n_steps: dict, common: dict) -> tuple[dict, dict]:
-    """Alternate one process, the engine (async on 1 and 2 workers, sync on 2) and TF's
-    ParameterServerStrategy (async, 2 workers) REPEATS times: {figure: [steps/s per repeat]},
-    and the peak memory of each kind of process: {"<system> <role>": {peak_*_mb}}.
+def side_by_side(n_steps: dict, common: dict, calls: int) -> tuple[dict, dict, list]:
+    """Alternate one process, the engine (async on 1 and 2 workers, sync on 2), TF's
+    ParameterServerStrategy (async, 2 workers) and the floor of a staleness-free async step
+    (step_profile's calls, `calls` times each) REPEATS times: {figure: [steps/s per repeat]},
+    the peak memory of each kind of process: {"<system> <role>": {peak_*_mb}}, and each
+    repeat's remote-call costs.
 
     Alternating spreads a shared machine's drifting load over all of them alike."""
+    from step_profile import remote_costs
+
     rows_file = strategies.write_mnist_rows(config.runs_dir("bench") / "mnist_rows.u8",
                                             TRAIN_SIZE, seed=0)
     runs: dict[str, list] = {}
     memory: dict[str, dict] = {}
+    costs = []
     with LocalCluster(workers=2, isolate="auto") as c:
         keep_peaks(memory, "engine, idle", idle_memory(c.pids))
         for _ in range(REPEATS):
@@ -96,7 +108,58 @@ def side_by_side(n_steps: dict, common: dict) -> tuple[dict, dict]:
                 rate, resources = tf_pss(model, steps, rows_file)
                 runs.setdefault(f"tf_pss_async_2w_{model}", []).append(rate)
                 keep_peaks(memory, "tf_pss", resources)
-    return runs, memory
+            costs.append(remote_costs(calls))
+            for model, prefix in (("logreg", ""), ("lenet", "lenet_")):
+                runs.setdefault(f"staleness_free_floor_{model}", []).append(
+                    1000 / costs[-1][prefix + "gradient_push_read_one_call_ms"])
+    return runs, memory, costs
+
+
+def time_to_target(repeats: int) -> dict:
+    """Time to TARGET_ACCURACY of backup 2-of-3 and sync, worker 2 three times slower.
+
+    Backup drops the late gradients (the ratio's) and, for comparison, folds them back in.
+    The setup is notebook 06's full mode (TTT_SETUP). With the 6,000 training images and 82%
+    this bench used before, the target sat where sync's curve bends: backup's crossing spread
+    over 29-41 updates against sync's 30, and that spread, not the engine, set the ratio.
+    The PS checkpoints every update and the checkpoints are scored after the run
+    (runlogs.test_curve): each crossing is exact to the update in every mode, and no
+    evaluator process takes CPU from the workers while they train. Each mode runs `repeats`
+    times, alternating; medians. Returns the bench JSON's time-to-target entries.
+    """
+    common = dict(batch_size=BATCH, progress=False, seed=0, **TTT_SETUP)
+    plan = {"sync": {"mode": "sync"}, "backup": {"mode": "backup", "k": 2, "stale": "drop"},
+            "backup_fold": {"mode": "backup", "k": 2, "stale": "fold"}}
+    # crossings[target][mode]: (seconds, updates) per run; NaN where a run never got there
+    crossings = {t: {name: [] for name in plan} for t in TTT_TARGETS}
+    with LocalCluster(workers=3, isolate="auto") as c:
+        for _ in range(repeats):
+            for name, kw in plan.items():
+                run = c.train(stragglers={2: 3.0}, checkpoint_every=1, **kw, **common)
+                curve = runlogs.test_curve(run)
+                for target in TTT_TARGETS:
+                    hit = curve[curve.test_accuracy >= target]
+                    crossings[target][name].append(
+                        (float(hit.elapsed.iloc[0]), int(hit.version.iloc[0])) if len(hit)
+                        else (float("nan"), float("nan")))
+    at = crossings[TARGET_ACCURACY]
+    times = {name: [s for s, _ in runs] for name, runs in at.items()}
+    updates = {name: [n for _, n in runs] for name, runs in at.items()}
+    by_target = {}
+    for target, modes in crossings.items():
+        med = {name: float(np.median([s for s, _ in runs])) for name, runs in modes.items()}
+        by_target[str(target)] = {"median_s": med, "backup_vs_sync": med["backup"] / med["sync"],
+                                  "backup_fold_vs_sync": med["backup_fold"] / med["sync"]}
+    return {
+        "time_to_target_setup": dict(TTT_SETUP, target=TARGET_ACCURACY, workers=3, k=2,
+                                     straggler_factor=3.0, repeats=repeats),
+        "time_to_target_s": {name: float(np.median(t)) for name, t in times.items()},
+        "time_to_target_runs_s": times,
+        "time_to_target_updates": updates,
+        "time_to_target_s_per_update": {
+            name: float(np.median([t / n for t, n in zip(times[name], updates[name])]))
+            for name in times},
+        "time_to_target_by_accuracy": by_target}
 
 
 def main() -> None:
@@ -106,7 +169,9 @@ def main() -> None:
     n_log, n_lenet = (150, 40) if args.quick else (600, 150)
     common = dict(batch_size=BATCH, train_size=TRAIN_SIZE, test_size=2000, progress=False, seed=0)
     rows, out = [], {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg()}
-    side, memory = side_by_side({"logreg": n_log, "lenet": n_lenet}, common)
+    side, memory, costs = side_by_side({"logreg": n_log, "lenet": n_lenet}, common,
+                                       100 if args.quick else 300)
+    out["remote_call_costs_ms"] = costs
     out["memory_mb_per_process"] = memory
     med = {k: statistics.median(v) for k, v in side.items()}
     out["side_by_side_steps_per_s"] = {k: {"runs": v, "median": med[k]} for k, v in side.items()}
@@ -142,46 +207,14 @@ def main() -> None:
                 "loopback_bytes_per_step": (s["loopback_bytes"] or float("nan"))
                 / max(1, s["worker_steps"]),
                 "test_accuracy": s["test_accuracy"]}
-    # time to target accuracy: backup 2-of-3 vs sync, worker 2 three times slower; backup
-    # drops the late gradients (the ratio's), and folds them back in (for comparison)
-    # (lr 0.2 as in notebook 06: at 0.5 the accuracy curve jumps around the target, so the
-    # first crossing is luck). The PS checkpoints every update and the checkpoints are scored
-    # after the run (runlogs.test_curve): each crossing is exact to the update in every mode
-    # (with a checkpoint every 5, sync's deterministic crossing at update 30 sat on the grid
-    # while backup's at 31-34 counted as 35), and no evaluator process takes CPU from the
-    # workers while they train. Each mode runs TTT_REPEATS times, alternating; medians.
-    with LocalCluster(workers=3, isolate="auto") as c:
-        plan = {"sync": {"mode": "sync"}, "backup": {"mode": "backup", "k": 2, "stale": "drop"},
-                "backup_fold": {"mode": "backup", "k": 2, "stale": "fold"}}
-        times = {name: [] for name in plan}
-        updates = {name: [] for name in plan}  # time to target = updates x seconds per update
-        for _ in range(TTT_REPEATS):
-            for name, kw in plan.items():
-                run = c.train(steps=150 if not args.quick else 100, lr=0.2,
-                              stragglers={2: 3.0}, checkpoint_every=1, **kw, **common)
-                curve = runlogs.test_curve(run)
-                t = runlogs.time_to_accuracy(curve, TARGET_ACCURACY)
-                hit = curve[curve.test_accuracy >= TARGET_ACCURACY].version
-                times[name].append(t if math.isfinite(t) else float("nan"))  # never reached
-                updates[name].append(int(hit.iloc[0]) if len(hit) else float("nan"))
-        tt = {name: float(np.median(t)) for name, t in times.items()}
-        out["time_to_target_s"] = tt
-        out["time_to_target_runs_s"] = times
-        out["time_to_target_updates"] = updates
-        per_update = {m: float(np.median([t / n for t, n in zip(times[m], updates[m])]))
-                      for m in times}
-        out["time_to_target_s_per_update"] = per_update
+    out.update(time_to_target(TTT_REPEATS if not args.quick else 3))
+    times, updates = out["time_to_target_runs_s"], out["time_to_target_updates"]
+    tt, per_update = out["time_to_target_s"], out["time_to_target_s_per_update"]
     out["one_process_steps_per_s"] = base
-    # the floor of any design with one remote call per step: an empty remote call plus the
-    # local gradient, measured now (step_profile's calls, against a real PS server)
-    from step_profile import remote_costs
-
-    costs = remote_costs(100 if args.quick else 300)
-    floor_ms = costs["remote_read_scalar_ms"] + costs["local_gradient_ms"]
-    out["remote_call_costs_ms"] = costs
-    out["one_call_per_step_ceiling"] = {
-        "floor_ms_per_step": floor_ms, "max_steps_per_s": 1000 / floor_ms,
-        "async_1w_logreg_vs_one_process": 1000 / floor_ms / base["logreg"]}
+    # the floor of an async step that never computes on parameters older than the last update:
+    # the gradient here, pushed, applied on the PS and the parameters read back, in one call
+    out["staleness_free_step_ceiling"] = {
+        model: med[f"staleness_free_floor_{model}"] / base[model] for model in base}
     out["load_average_end"] = os.getloadavg()
     rows[:0] = [("one process", "-", m, f"{base[m]:.0f}", "1.00", "", "", "") for m in base]
     rows = [r[:4] + ((f"{float(r[3]) / base[r[2]]:.2f}",) if r[0] != "one process" else ("1.00",))
@@ -224,12 +257,11 @@ def main() -> None:
         print(f"| {name} | {value:.2f} | {goal} |")
     print("backup/sync time to target = per update x updates: "
           + ", ".join(f"{k} {v:.2f}" for k, v in out["time_to_target_parts"].items()))
-    ceiling = out["one_call_per_step_ceiling"]
-    print(f"\nceiling of async_1w_logreg_vs_one_process with one remote call per step: "
-          f"{ceiling['async_1w_logreg_vs_one_process']:.2f} (an empty remote call "
-          f"{costs['remote_read_scalar_ms']:.2f} ms + the local gradient "
-          f"{costs['local_gradient_ms']:.2f} ms = {floor_ms:.2f} ms, at most "
-          f"{ceiling['max_steps_per_s']:.0f} steps/s; one process {base['logreg']:.0f} steps/s)")
+    for model, ceiling in out["staleness_free_step_ceiling"].items():
+        print(f"ceiling of async_1w_{model}_vs_one_process: {ceiling:.2f}: one call that computes "
+              f"the gradient here, pushes it and reads the parameters back, at most "
+              f"{med[f'staleness_free_floor_{model}']:.0f} steps/s against one process's "
+              f"{base[model]:.0f} (medians)")
     print("\n| side by side: steps/s | " + " | ".join(f"run {i + 1}" for i in range(REPEATS))
           + " | median |\n|" + " --- |" * (REPEATS + 2))
     for name, runs in side.items():
@@ -253,10 +285,17 @@ def main() -> None:
     for spec, r in out["compression"].items():
         print(f"| {spec} | {r['bytes_pushed_per_step']:.0f} | {r['loopback_bytes_per_step']:.0f} "
               f"| {r['test_accuracy']:.3f} |")
-    print(f"\ntime to {TARGET_ACCURACY:.0%} (s), each run (median of {TTT_REPEATS}): "
+    print(f"\ntime to {TARGET_ACCURACY:.0%} (s), each run (median of {len(times['sync'])}): "
           f"{json.dumps({k: [round(v, 2) for v in t] for k, t in times.items()})}; "
           f"updates to reach it: {json.dumps(updates)}; median ms per update: "
           + ", ".join(f"{m} {1000 * v:.1f}" for m, v in per_update.items()))
+    print("\n| time to accuracy (median s) | sync | backup | backup, fold | backup / sync "
+          "| fold / sync |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    for target, row in out["time_to_target_by_accuracy"].items():
+        m = row["median_s"]
+        print(f"| {float(target):.0%} | {m['sync']:.2f} | {m['backup']:.2f} | "
+              f"{m['backup_fold']:.2f} | {row['backup_vs_sync']:.2f} | "
+              f"{row['backup_fold_vs_sync']:.2f} |")
     print(f"load average (1, 5, 15 min) at start {out['load_average_start']}, "
           f"at end {out['load_average_end']} on {os.cpu_count()} cores")
     path = files.write_json(config.runs_dir("bench") / "cluster_bench.json", out, indent=1,
