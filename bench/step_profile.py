@@ -103,11 +103,11 @@ def measure_calls(ps_addr: str, repeats: int) -> dict:
     out = {"local_empty_call_ms": timed(empty), "remote_read_scalar_ms": timed(read_scalar)}
     for name in ("logreg", "lenet"):
         prefix = "" if name == "logreg" else "lenet_"
-        out.update({prefix + k: v for k, v in model_calls(name, ps, timed).items()})
+        out.update({prefix + k: v for k, v in model_calls(name, ps, timed, repeats).items()})
     return out
 
 
-def model_calls(name: str, ps: str, timed) -> dict:
+def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
     """Median ms, for one model, of:
     - local_gradient_ms: the gradient of one batch, here;
     - remote_read_params_ms: one read of the parameters on the PS;
@@ -118,7 +118,11 @@ def model_calls(name: str, ps: str, timed) -> dict:
     - gradient_push_read_one_call_ms: both in one call: the gradient of one batch on the
       parameters held here, pushed, applied, and the parameters read back. That is all a step
       must do if it never computes on parameters older than the last update (with one worker),
-      in the fewest calls and transfers: the floor of such a step on this machine.
+      in the fewest calls and transfers: the floor of such a step on this machine;
+    and staleness_free_ceiling: one process's step (plain SGD here, no cluster) over that floor,
+    timed in alternating blocks of 10 calls in this one process, so that a machine whose speed
+    drifts slows both alike (median of the blocks' ratios). No async step that never computes
+    on parameters older than the last update can beat one process by more than this.
     """
     import keras
     import tensorflow as tf
@@ -172,8 +176,24 @@ def model_calls(name: str, ps: str, timed) -> dict:
     push_read = tf.function(push_then_pull)
     gradient_push_read = tf.function(lambda xb, yb: push_then_pull(gradient(xb, yb)))
 
+    @tf.function
+    def one_process_step(xb, yb):  # the bench's baseline: plain SGD on the parameters here
+        for var, g in zip(variables, gradient(xb, yb)):
+            var.assign_sub(0.01 * g)
+        return tf.constant(0.0)
+
+    def block(call) -> float:
+        t = time.perf_counter()
+        for _ in range(10):
+            call(x, y).numpy()
+        return time.perf_counter() - t
+
+    one_process_step(x, y).numpy(), gradient_push_read(x, y).numpy()  # trace
+    ceiling = statistics.median(block(one_process_step) / block(gradient_push_read)
+                                for _ in range(max(1, repeats // 10)))
     grads = local_grad(x, y)
-    return {"local_gradient_ms": timed(lambda: local_grad(x, y)),
+    return {"staleness_free_ceiling": ceiling,
+            "local_gradient_ms": timed(lambda: local_grad(x, y)),
             "remote_read_params_ms": timed(read_params),
             "pull_gradient_apply_one_call_ms": timed(lambda: pull_gradient_apply(x, y)),
             "push_gradient_read_params_ms": timed(lambda: push_read(grads)),
@@ -207,7 +227,11 @@ def main() -> None:
     print("\n| call (batch %d; lenet_: LeNet, else logistic regression) | median ms |\n"
           "| --- | ---: |" % BATCH)
     for name, value in out["remote_costs"].items():
-        print(f"| {name} | {value:.2f} |")
+        if name.endswith("_ms"):
+            print(f"| {name} | {value:.2f} |")
+    for model, prefix in (("logreg", ""), ("lenet", "lenet_")):
+        print(f"\nceiling of async_1w_{model}_vs_one_process for a staleness-free step: "
+              f"{out['remote_costs'][prefix + 'staleness_free_ceiling']:.2f}")
     print("\nload average at start and end:", out["load_average_start"], out["load_average_end"])
 
 
