@@ -5,9 +5,10 @@ Prints markdown tables and writes runs/bench/cluster_bench.json, whose "ratios" 
 the figures issue 12 sets targets for. All ratios are measured in this one run, on this
 machine; the side-by-side figures alternate one process, the engine, TF's
 ParameterServerStrategy + ClusterCoordinator and the floor of a staleness-free async step (one
-hand-made call, step_profile.py) REPEATS times and keep the medians. That floor over one
-process is the ceiling of the async_1w ratios for any step that never computes on parameters
-older than the last update ("staleness_free_step_ceiling").
+hand-made call, step_profile.py) REPEATS times and keep the medians. Each repeat also times that
+call against one process's step in alternating blocks, in one process: the ceiling of the
+async_1w ratios for any step that never computes on parameters older than the last update
+("staleness_free_step_ceiling", the median over the repeats).
 Usage: python bench/cluster_bench.py [--quick]
 """
 from __future__ import annotations
