@@ -8,10 +8,11 @@ the step function, so the PS's loop is off the step's path: it only numbers the 
 Part 2 starts one TF server (the PS) and times, from this process, a local empty call and one
 remote read of a scalar; then, for each model, the local gradient, a remote read of the
 parameters, one call that pulls, computes and applies on the PS (the shape of the engine's async
-step), and one call that takes an already computed gradient to the PS and brings the parameters
-back. The local gradient plus that last call is the floor of an async step that never computes
-on parameters older than the last update. Part 2's server is not in a private network
-namespace: the measuring process must reach it.
+step), one call that takes an already computed gradient to the PS and brings the parameters
+back, and the gradient, push and read-back as one call: the floor of an async step that never
+computes on parameters older than the last update, timed against one process's step in
+alternating blocks for the ceiling of the async_1w ratios. Part 2's server is not in a private
+network namespace: the measuring process must reach it.
 Writes runs/bench/step_profile.json and prints a markdown table.
 Usage: python bench/step_profile.py [--quick]
 """
