@@ -143,10 +143,20 @@ def test_curve(run) -> pd.DataFrame:
     return curve[curve.elapsed >= 0].reset_index(drop=True)
 
 
+def _first_hit(curve: pd.DataFrame, target: float, column: str) -> float:
+    hit = curve[curve.test_accuracy >= target]
+    return float(hit[column].iloc[0]) if len(hit) else float("inf")
+
+
 def time_to_accuracy(curve: pd.DataFrame, target: float) -> float:
     """First elapsed second at which the test accuracy reaches `target` (inf if never)."""
-    hit = curve[curve.test_accuracy >= target]
-    return float(hit.elapsed.iloc[0]) if len(hit) else float("inf")
+    return _first_hit(curve, target, "elapsed")
+
+
+def updates_to_accuracy(curve: pd.DataFrame, target: float) -> float:
+    """PS version (updates applied) at which the test accuracy first reaches `target` (inf if
+    never): with time_to_accuracy, time to a target splits into updates x time per update."""
+    return _first_hit(curve, target, "version")
 
 
 def one_process(model: str = "logreg", data: str = "mnist", steps: int = 200,

@@ -76,6 +76,16 @@ def test_time_to_accuracy_is_the_first_crossing():
     assert runlogs.time_to_accuracy(curve, 0.95) == float("inf")
 
 
+def test_updates_to_accuracy_is_the_same_crossing():
+    import pandas as pd
+
+    curve = pd.DataFrame({"elapsed": [0.5, 1.0, 1.5, 2.0], "version": [5, 10, 15, 20],
+                          "test_accuracy": [0.5, 0.8, 0.79, 0.9]})
+    assert runlogs.updates_to_accuracy(curve, 0.8) == 10
+    assert runlogs.updates_to_accuracy(curve, 0.85) == 20
+    assert runlogs.updates_to_accuracy(curve, 0.95) == float("inf")
+
+
 def test_test_curve_matches_numpy_and_sklearn(tmp_path, shared_data):
     cfg = protocol.validate(protocol.RunConfig(workers=1, train_size=200, test_size=500, run_id="t"))
     _, _, x_te, y_te, _ = models.load_arrays("mnist", 1, 500, 0)
