@@ -177,6 +177,12 @@ def test_release_untouched_and_a_gamed_answer_get_exactly_what_they_earned(grade
     namespace = {}
     exec(GAMED + visible, namespace)  # the visible checker alone is fooled
     assert "nb07-ex2-test: AssertionError" in graded["report"]
+    # bob left Exercise 2 of notebook 01 unanswered: its test fails after its solution did, and
+    # both the report and bob's feedback page say so
+    cause = "after cell 6 nb01-ex2-solution raised NotImplementedError"
+    assert f"nb01-ex2-test: NameError, {cause}" in graded["report"], graded["report"]
+    html = (graded["course"] / "feedback" / "bob" / DOC2VEC / f"{DOC2VEC}.html").read_text()
+    assert f"This cell failed {cause}" in html
 
 
 def test_invalid_json_costs_only_that_notebook_and_a_dead_kernel_leaves_no_process(graded):
@@ -244,7 +250,8 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
     assert {e: got["ada", e] for e in FULL} == FULL
     assert sum("kept its grade from an earlier run" in line for line in lines) == 2, lines
     assert any("nb06-ex2-solution: ran past the timeout" in line for line in lines), lines
-    assert any("nb06-ex2-test: NameError" in line for line in lines), lines
+    assert any("nb06-ex2-test: NameError, after cell" in line and "nb06-ex2-solution ran past "
+               "the timeout" in line for line in lines), lines
     with course.gradebook(where) as gb:
         for (student, exercise), value in before.items():
             nb_id = DOC2VEC if exercise.startswith("nb01") else BOUNDS

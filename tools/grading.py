@@ -7,8 +7,11 @@ handing in files (see tools/course.py), and reads grades.csv back from nbgrader'
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -16,10 +19,18 @@ from pathlib import Path
 
 import nbformat
 
-from tools.course import (DEFAULT_COURSE, KILLED, grade_id, gradebook, nbgrader, nbgrader_cells,
-                          release, with_points)
+from tools.course import (DEFAULT_COURSE, KILLED, ROOT, end_processes, grade_id, gradebook,
+                          nbgrader, nbgrader_cells, release, with_points)
 from helpers.files import atomic_path
-from tools.notebooks import read
+from tools.notebooks import NOTEBOOK_DIR, read
+
+# What a lesson reads from an earlier one: {notebook: [(earlier notebook, path under runs/)]}.
+# When a notebook is graded, these come from the course's own reference run of the earlier
+# lesson (its solutions, made once per mode and reused), never from the student's own copy: a
+# notebook's grade never depends on the student's other notebooks.
+NEEDS: dict[str, list[tuple[str, str]]] = {
+    "02_logreg_lr_schedules": [("01_doc2vec_dbpedia", "features/doc2vec_dbpedia")],
+}
 
 # How a cell's error reads in the report: an interrupted cell is one that ran past the timeout.
 _ERROR_NAMES = {"KeyboardInterrupt": "ran past the timeout and was interrupted",
@@ -91,16 +102,62 @@ def repair(nb, reference) -> list[str]:
     return restored
 
 
-def cell_errors(autograded: Path) -> list[str]:
-    """Which solution and test cells raised in an autograded notebook, and what."""
+def _heading(cells, index: int) -> str:
+    """The nbgrader id of cell `index`, or the last '## ' heading above it."""
+    if grade_id(cells[index]):
+        return grade_id(cells[index])
+    for cell in reversed(cells[:index]):
+        if cell.cell_type == "markdown":
+            found = [l.lstrip("#").strip() for l in cell.source.splitlines() if l.startswith("#")]
+            if found:
+                return f'"{found[-1]}"'
+    return "the top of the notebook"
+
+
+def _error(cell) -> dict | None:
+    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+
+
+def _describe(error: dict) -> str:
+    name = error.get("ename", "error")
+    if name in _ERROR_NAMES:
+        return _ERROR_NAMES[name]
+    value = " ".join(str(error.get("evalue", "")).split())
+    return f"raised {name}: {value[:160]}" if value else f"raised {name}"
+
+
+def cell_errors(autograded: Path, mark: bool = True) -> list[str]:
+    """Which solution and test cells raised in an autograded notebook, and why.
+
+    A cell that failed after a cell it may depend on had failed (a lesson cell, or the
+    exercise's own solution; not another exercise's cells) names the first such failure: its
+    heading or grade id and the last line of its error. With `mark`, the same sentence is added
+    to the failing cell's outputs, so the student's feedback page says it too.
+    """
     if not autograded.is_file():
         return []
+    nb = read(autograded)
+    failed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _error(c)]
     out = []
-    for gid, cell in nbgrader_cells(read(autograded)).items():
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if errors:
-            name = errors[0].get("ename", "error")
-            out.append(f"{gid}: {_ERROR_NAMES.get(name, name)}")
+    for i in failed:
+        gid = grade_id(nb.cells[i])
+        if gid is None:
+            continue
+        own = gid.rsplit("-", 1)[0] + "-solution"
+        causes = [j for j in failed if j < i and grade_id(nb.cells[j]) in (None, own)]
+        name = _error(nb.cells[i]).get("ename", "error")
+        line = f"{gid}: {_ERROR_NAMES.get(name, name)}"
+        if causes:
+            first = causes[0]
+            cause = (f"after cell {first} {_heading(nb.cells, first)} "
+                     f"{_describe(_error(nb.cells[first]))}")
+            line += f", {cause}"
+            if mark:
+                nb.cells[i].outputs.append(nbformat.v4.new_output(
+                    "stream", name="stderr", text=f"This cell failed {cause}.\n"))
+        out.append(line)
+    if mark and out:
+        nbformat.write(nb, str(autograded))
     return out
 
 
@@ -184,6 +241,60 @@ def autograde(course: Path, assignment: str, student: str, nb, target: Path, env
     return status, log
 
 
+def reference_runs(course: Path, lesson: str, quick: bool, timeout: int,
+                   src: Path | None = None, say=print) -> Path:
+    """The runs/ folder of the course's own run of `lesson` (its reference solutions).
+
+    Made once per mode (quick or full) and reused while the lesson's source is unchanged
+    (its sha256 is kept beside it); a failed run leaves nothing behind and raises.
+    """
+    path = Path(src or NOTEBOOK_DIR) / f"{lesson}.ipynb"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the course's reference run of {lesson} "
+                                f"provides what later notebooks read")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    home = course / "reference" / ("quick" if quick else "full") / lesson
+    stamp = home / "source.sha256"
+    if stamp.is_file() and stamp.read_text() == digest:
+        return home / "runs"
+    say(f"reference run of {lesson} ({'quick' if quick else 'full'} mode), made once for the "
+        f"notebooks that read its outputs ...")
+    shutil.rmtree(home, ignore_errors=True)
+    tmp = home.with_name(home.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    token = os.urandom(16).hex()
+    env = dict(os.environ, LABS_RUNS_DIR=str(tmp / "runs"), LABS_QUICK="1" if quick else "0",
+               MPLBACKEND="Agg", LABS_GRADING_TOKEN=token)
+    cmd = [sys.executable, "-m", "tools.run_notebooks", "--only", lesson, "--dir",
+           str(path.parent), "--out", str(tmp / "build"), "--timeout", str(timeout)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate()
+    finally:
+        end_processes(token, proc)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"the course's reference run of {lesson} failed (exit "
+                           f"{proc.returncode}):\n" + "\n".join(out.splitlines()[-10:]))
+    (tmp / "source.sha256").write_text(digest)
+    tmp.rename(home)
+    return home / "runs"
+
+
+def prepare_runs(course: Path, student: str, assignment: str, quick: bool, timeout: int,
+                 src: Path | None = None, say=print) -> Path:
+    """A fresh runs/ folder for one (student, notebook), holding what the notebook reads from
+    earlier lessons, copied from the course's reference runs."""
+    runs = course / "runs" / student / assignment
+    shutil.rmtree(runs, ignore_errors=True)
+    runs.mkdir(parents=True)
+    for lesson, part in NEEDS.get(assignment, []):
+        shutil.copytree(reference_runs(course, lesson, quick, timeout, src, say) / part,
+                        runs / part)
+    return runs
+
+
 def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
           timeout: int = 600, src: Path | None = None, say=print) -> list[dict]:
     """Autograde every student's folder in `submissions`; write grades.csv and feedback.
@@ -210,10 +321,7 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
     report = []
     for student in students:
         found = find_submissions(submissions / student, cells)
-        runs = course / "runs" / student  # this student's notebooks feed each other, in order
-        shutil.rmtree(runs, ignore_errors=True)
-        env = dict(os.environ, LABS_RUNS_DIR=str(runs), LABS_QUICK="1" if quick else "0",
-                   MPLBACKEND="Agg")
+        shutil.rmtree(course / "runs" / student, ignore_errors=True)
         for a in assignments:
             f, t0 = found[a], time.perf_counter()
             target = course / "submitted" / student / a / f"{a}.ipynb"
@@ -234,6 +342,11 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
             elif f.path is None:
                 forget_submission(course, a, student)  # broken: an earlier grade must go
             else:
+                # Its own runs/ folder: what it reads from earlier lessons comes from the
+                # course's reference runs, not from this student's other notebooks.
+                runs = prepare_runs(course, student, a, quick, timeout, src, say)
+                env = dict(os.environ, LABS_RUNS_DIR=str(runs),
+                           LABS_QUICK="1" if quick else "0", MPLBACKEND="Agg")
                 status, log = autograde(course, a, student, nb, target, env, timeout, f.notes)
                 if status != 0 or not autograded.is_file():
                     forget_submission(course, a, student)
