@@ -1,0 +1,93 @@
+"""Every exercise of the real lessons, graded through nbgrader: second answers get full points,
+wrong answers get 0 for exactly their exercise, and each notebook is graded on its own.
+
+Two students hand in all eight lessons, answered from tests/exercise_answers.py: `odd` gives
+the wrong answer to exercises 1, 3, ... and the second answer to 2, 4, ...; `even` the other
+way round. So every second answer and every wrong answer is graded once, each next to
+exercises of the other kind. A third student, `late`, hands in the untouched release of
+notebook 01 (every answer missing), then, in a later grading, notebooks 02 and 06 alone and
+renamed: 02 reads notebook 01's features, which come from the course's reference run, so
+both get full points. Quick mode; points are read back from nbgrader's gradebook.
+"""
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from tests.exercise_answers import SECOND, WRONG
+from tools import course, exercises, grading
+from tools.notebooks import notebook_paths, read
+
+LESSONS = [p.stem for p in notebook_paths() if p.name != "00_index.ipynb"]
+
+
+def answered(release_nb, pick):
+    """The release with each exercise's solution cell replaced by pick(exercise number, id)."""
+    nb = nbformat.from_dict(release_nb)
+    for ex_id, ex in exercises.exercises(nb).items():
+        nb.cells[ex.solution_index].source = pick(int(ex_id.split("-ex")[1]), ex_id)
+    return nb
+
+
+def hand_in(folder, student, name, nb):
+    path = folder / student / f"{name}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+def points(rows):
+    return {(r["student"], r["exercise"]): float(r["points"]) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, request):
+    request.getfixturevalue("shared_data")
+    tmp = tmp_path_factory.mktemp("answers")
+    where, subs = tmp / "course", tmp / "submissions"
+    course.release(where, timeout=600)
+    released = {a: read(where / "release" / a / f"{a}.ipynb") for a in LESSONS}
+    for a in LESSONS:
+        hand_in(subs, "odd", a, answered(released[a], lambda k, i: (WRONG if k % 2 else SECOND)[i]))
+        hand_in(subs, "even", a, answered(released[a], lambda k, i: (SECOND if k % 2 else WRONG)[i]))
+    hand_in(subs, "late", LESSONS[0], released[LESSONS[0]])
+    first = []
+    rows = grading.grade(subs, where, quick=True, timeout=600, say=first.append)
+    later = tmp / "later"
+    for a, name in [("02_logreg_lr_schedules", "logreg (final)"),
+                    ("06_stragglers_and_backup_workers", "my 06")]:
+        hand_in(later, "late", name, answered(released[a], lambda k, i: SECOND[i]))
+    second = []
+    late_rows = grading.grade(later, where, quick=True, timeout=600, say=second.append)
+    return {"rows": rows, "late": late_rows, "report": "\n".join(first),
+            "late_report": "\n".join(second), "course": where}
+
+
+def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exercise(graded):
+    got = points(graded["rows"])
+    expect = {}
+    for gid, max_points in course.POINTS.items():
+        ex_id = gid.removesuffix("-test")
+        k = int(ex_id.split("-ex")[1])
+        expect["odd", ex_id] = 0.0 if k % 2 else float(max_points)
+        expect["even", ex_id] = float(max_points) if k % 2 else 0.0
+    assert {key: got[key] for key in expect} == expect, graded["report"]
+
+
+def test_a_notebook_handed_in_alone_later_after_a_wrong_01_gets_full_points(graded):
+    got = points(graded["late"])
+    for gid, max_points in course.POINTS.items():
+        if gid.startswith(("nb02-", "nb06-")):
+            assert got["late", gid.removesuffix("-test")] == max_points, graded["late_report"]
+        if gid.startswith("nb01-"):
+            assert got["late", gid.removesuffix("-test")] == 0.0
+    assert "graded logreg (final).ipynb as 02_logreg_lr_schedules.ipynb (renamed)" in \
+        graded["late_report"]
+    # the features 02 read came from the course's own run of notebook 01
+    assert (graded["course"] / "reference" / "quick" / "01_doc2vec_dbpedia" / "runs" /
+            "features" / "doc2vec_dbpedia" / "metadata.json").is_file()
+
+
+def test_the_report_names_the_cell_a_failure_came_after(graded):
+    # late's notebook 01 is the untouched release: each test fails after its empty solution
+    assert ('nb01-ex2-test: NameError, after cell' in graded["report"]
+            and "raised NotImplementedError" in graded["report"]), graded["report"]
