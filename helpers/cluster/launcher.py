@@ -279,7 +279,9 @@ class LocalCluster:
             raise ClusterError(f"run {cfg.run_id} failed: {watch.ps_error}")
         names = {pid: name for name, pid in self.pids.items()}
         resources = {names.get(pid, pid): v for pid, v in monitor.summary().items()}
-        run = Run(cfg, run_dir, watch.results, wall, resources, sorted(self.dead_workers))
+        # this run's losses (the cluster's own dead_workers keeps every run's)
+        died = sorted(w for w in self.dead_workers if w in cfg.worker_ids)
+        run = Run(cfg, run_dir, watch.results, wall, resources, died)
         if lo_before is not None and lo_after is not None:
             run.loopback_bytes = lo_after - lo_before
         return run
