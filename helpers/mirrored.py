@@ -104,7 +104,8 @@ def job(replicas: int, optimizer, batches, n: int, evaluate: str = "end", test_s
         evaluate: "epoch" to test after every epoch, "end" to test once at the end.
         test_size: test examples to evaluate on.
         seed: seeds the weights and the shuffling.
-        warmup: fit two untimed batches first, so tracing the step function is not timed.
+        warmup: fit two untimed batches of every batch size first (then restore the initial
+            weights), so tracing the step function is not timed.
     Raises:
         ValueError: naming the bad value.
     """
@@ -143,8 +144,11 @@ def train(spec: dict) -> dict:
         model.compile(optimizer=keras.optimizers.deserialize(spec["optimizer"]),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     batches = spec["batches"]
-    if spec["warmup"]:
-        model.fit(x[:2 * batches[0]], y[:2 * batches[0]], batch_size=batches[0], verbose=0)
+    if spec["warmup"]:  # trace the step for every batch size, so no timed epoch traces it
+        start = model.get_weights()
+        for size in dict.fromkeys(batches):
+            model.fit(x[:2 * size], y[:2 * size], batch_size=size, verbose=0)
+        model.set_weights(start)
     out = {"replicas": strategy.num_replicas_in_sync,
            "devices": list(strategy.extended.worker_devices), "pid": os.getpid(),
            "batch": batches, "examples": [], "epoch_s": [], "test_acc": []}
