@@ -101,8 +101,8 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
     # Each worker reads its own shard with its own tf.data pipeline: nothing is shipped
     # between them. A plain iterator, not `distribute_datasets_from_function`: under MWMS that
     # wraps the pipeline in a MultiDeviceIterator whose per-device part keeps a tf.data
-    # autotuning thread that the iterator's deletion waited out, for 0 to 55 s after a run
-    # (measured with py-spy and gdb, issue 14). Without autotuning, deleting this one is quick.
+    # autotuning thread that the iterator's deletion waited out, for 0 to 55 s after a run.
+    # Without autotuning, deleting this one is quick.
     local_replicas = len(strategy.extended.worker_devices)  # 1 per worker on CPU
     per_replica = tf.distribute.InputContext(workers, task, n).get_per_replica_batch_size(batch)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, task)
