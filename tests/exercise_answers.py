@@ -360,6 +360,15 @@ SECOND["nb08-ex1"] = _("""
     def ring_allreduce_bytes(grad_bytes, n):
         rounds = 2 * (n - 1)          # reduce-scatter, then all-gather
         return rounds * grad_bytes / n
+
+    wire_over_formula = {}
+    for workers, launch in launches.items():
+        if workers < 2 or not launch.isolated:
+            continue
+        conv = mwms[workers]["runs"][0]
+        total_steps = conv["steps_per_epoch"] * EPOCHS
+        predicted = workers * total_steps * ring_allreduce_bytes(conv["grad_bytes"], workers)
+        wire_over_formula[workers] = conv["loopback_bytes"] / predicted
 """)
 WRONG["nb08-ex1"] = SECOND["nb08-ex1"].replace("rounds * grad_bytes / n", "(n - 1) * grad_bytes")
 

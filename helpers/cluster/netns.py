@@ -55,6 +55,20 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def loopback_tx_bytes(pid: int | str = "self") -> int | None:
+    """Bytes sent over loopback so far in the network namespace of process `pid` (None on a
+    system without /proc, e.g. macOS). Inside a private namespace, that is the cluster's own
+    traffic: every byte gRPC sent, with its framing and TCP/IP headers."""
+    try:
+        for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[8])  # transmitted bytes
+    except OSError:
+        return None
+    return None
+
+
 class PrivateNetwork:
     """Hold a network namespace with only `lo` in it; `prefix` runs a command inside it."""
 
@@ -121,14 +135,7 @@ class PrivateNetwork:
         """Bytes sent over the namespace's loopback so far (None when not isolated)."""
         if self.holder is None:
             return None
-        try:
-            for line in Path(f"/proc/{self.holder.pid}/net/dev").read_text().splitlines():
-                name, _, fields = line.partition(":")
-                if name.strip() == "lo":
-                    return int(fields.split()[8])  # transmitted bytes
-        except OSError:
-            return None
-        return None
+        return loopback_tx_bytes(self.holder.pid)
 
     def listening_ports(self) -> set[int]:
         """TCP ports listening inside the namespace (empty when not isolated).

@@ -197,6 +197,7 @@ class Launch:
     wall_s: float
     timeline: dict
     log_dir: Path
+    isolated: bool = False  # in a private network namespace: its loopback is the cluster's own
 
     def phases(self) -> dict:
         """Where the wall time went, in seconds; the parts add up to `wall_s`.
@@ -234,8 +235,9 @@ def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | 
     t0 = time.perf_counter()
     with TFConfigCluster(roles, job, servers, timeout, name, isolate=isolate) as cluster:
         names = {pid: n for n, pid in cluster.pids.items()}
+        isolated = cluster.network.isolated  # (stopping the cluster ends the namespace)
         with ResourceMonitor(list(names), interval=0.5, pss_every=2.0) as monitor:
             results = cluster.wait()
     resources = {names[pid]: v for pid, v in monitor.summary().items()}
     return Launch(results, resources, time.perf_counter() - t0, cluster.timeline(),
-                  cluster.dir)
+                  cluster.dir, isolated)
