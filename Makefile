@@ -38,7 +38,7 @@ data: $(STAMP)
 	$(PY) tools/fetch_data.py
 
 run: data
-	$(PY) tools/run_notebooks.py --timeout $(CELL_TIMEOUT)
+	$(PY) tools/run_notebooks.py --timeout $(CELL_TIMEOUT) --record-times
 
 unit: $(STAMP)
 	$(PY) -m pytest tests

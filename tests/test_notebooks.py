@@ -1,5 +1,6 @@
 """The notebook collection: naming, skeleton, committed clean, index fresh, all collected."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,45 @@ def test_stale_table_of_contents_is_detected(tmp_path):
     assert make_index.main(["--folder", str(folder)]) == 0  # rewrites it
     assert make_index.main(["--check", "--folder", str(folder)]) == 0
     assert "[A new lesson](99_new_lesson.ipynb) | one thing<br>another |" in make_index.toc_markdown(folder)
+
+
+def test_run_times_are_measured_for_every_notebook_in_both_modes():
+    times = make_index.run_times()
+    for path in NOTEBOOKS:
+        assert {"full", "quick"} <= set(times.get(path.stem, {})), \
+            f"{path.stem}: run it with `make run` and `tools/run_notebooks.py --quick --record-times`"
+
+
+def test_a_new_measurement_makes_the_run_time_line_stale(tmp_path):
+    from tools.run_notebooks import record_run_time
+
+    folder = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOK_DIR, folder)
+    assert make_index.main(["--check", "--folder", str(folder)]) == 0
+    lesson = LESSONS[0].stem
+    record_run_time(lesson, "full", 754.0, folder / make_index.RUN_TIMES)
+    assert make_index.main(["--check", "--folder", str(folder)]) == 1
+    assert make_index.main(["--folder", str(folder)]) == 0
+    header = read(folder / f"{lesson}.ipynb").cells[0].source
+    assert "**Expected run time:** ~13 min full, " in header
+    assert "| ~13 min full, " in make_index.toc_markdown(folder)
+    assert make_index.main(["--check", "--folder", str(folder)]) == 0
+
+
+# Student text is the lesson: no trace of how it was built (issues, debugging tools).
+HISTORY = re.compile(r"\bissue #?\d+|py-spy|\bgdb\b", re.I)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_lessons_carry_no_development_history(path):
+    found = [(i, m.group(0)) for i, c in enumerate(read(path).cells)
+             for m in HISTORY.finditer(c.source)]
+    assert not found, f"{path.name}: {found}"
+
+
+def test_the_history_check_can_fail():
+    assert HISTORY.search("as measured with py-spy (issue 14)")
+    assert HISTORY.search("a gdb backtrace") and not HISTORY.search("debugging")
 
 
 def test_nbval_collects_every_notebook():

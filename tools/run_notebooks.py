@@ -7,6 +7,7 @@ failed, 130 if interrupted (Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -27,6 +28,19 @@ from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read  
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
 BUILD = Path(__file__).resolve().parent.parent / "build"
+# Each lesson's measured wall time per mode, written after every successful run; `make index`
+# turns it into the "Expected run time" line of each notebook and the index (never typed).
+RUN_TIMES = NOTEBOOK_DIR / "run_times.json"
+
+
+def record_run_time(name: str, mode: str, seconds: float, path: Path = RUN_TIMES) -> None:
+    """Store one notebook's measured wall time for `mode` ("full" or "quick") in `path`."""
+    times = json.loads(path.read_text()) if path.is_file() else {}
+    times.setdefault(name, {})[mode] = {"seconds": round(seconds, 1), "cores": os.cpu_count(),
+                                        "date": time.strftime("%Y-%m-%d")}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+    tmp.replace(path)
 
 
 class LessonClient(NotebookClient):
@@ -104,10 +118,14 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="run only notebooks whose name contains this")
     parser.add_argument("--out", type=Path, default=BUILD)
     parser.add_argument("--dir", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks")
+    parser.add_argument("--record-times", action="store_true",
+                        help=f"store each successful notebook's wall time in {RUN_TIMES.name}")
     args = parser.parse_args(argv)
     if args.quick:
         os.environ["LABS_QUICK"] = "1"
-    mode = "quick" if os.environ.get("LABS_QUICK", "0") not in ("", "0") else "full"
+    from helpers.config import is_quick  # the kernels' own rule, so both agree on the mode
+
+    mode = "quick" if is_quick() else "full"
     args.out.mkdir(parents=True, exist_ok=True)
     paths = [p for p in notebook_paths(args.dir) if args.only in p.name]
     results = []
@@ -116,6 +134,8 @@ def main(argv=None) -> int:
         status, seconds, error = run_one(path, args.out, args.timeout)
         results.append((path.name, status, seconds, error))
         print(f"  {status} in {seconds:.0f} s {error}", flush=True)
+        if status == "ok" and args.record_times:
+            record_run_time(path.stem, mode, seconds, args.dir / RUN_TIMES.name)
         if status == "INTERRUPTED":
             break
     print(f"\n| notebook | status | wall time | mode: {mode}, copies in {args.out} |")
