@@ -286,3 +286,21 @@ def test_every_test_cell_of_the_lessons_has_points_and_every_point_a_cell():
                 assert "### BEGIN HIDDEN TESTS" in c.source, g
     assert ids == set(course.POINTS)
     assert all(isinstance(v, int) and v > 0 for v in course.POINTS.values())
+
+
+def test_a_failed_reference_run_raises_and_leaves_nothing(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "raise RuntimeError('this lesson is broken')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, str(lessons / "01_broken.ipynb"))
+    where = tmp_path / "course"
+    with pytest.raises(RuntimeError, match="reference run of 01_broken failed"):
+        grading.reference_runs(where, "01_broken", quick=True, timeout=60, src=lessons,
+                               say=lambda _: None)
+    assert list((where / "reference" / "quick").iterdir()) == []  # no partial folder either
+    with pytest.raises(FileNotFoundError, match="02_missing.ipynb is missing"):
+        grading.reference_runs(where, "02_missing", quick=True, timeout=60, src=lessons)
+    assert grading_processes() == []

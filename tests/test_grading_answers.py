@@ -82,9 +82,12 @@ def test_a_notebook_handed_in_alone_later_after_a_wrong_01_gets_full_points(grad
             assert got["late", gid.removesuffix("-test")] == 0.0
     assert "graded logreg (final).ipynb as 02_logreg_lr_schedules.ipynb (renamed)" in \
         graded["late_report"]
-    # the features 02 read came from the course's own run of notebook 01
+    # the features 02 read came from the course's own run of notebook 01, made once: the
+    # first grading made it, the later one reused it
     assert (graded["course"] / "reference" / "quick" / "01_doc2vec_dbpedia" / "runs" /
             "features" / "doc2vec_dbpedia" / "metadata.json").is_file()
+    assert "reference run of 01_doc2vec_dbpedia" in graded["report"]
+    assert "reference run of" not in graded["late_report"]
 
 
 def test_the_report_names_the_cell_a_failure_came_after(graded):

@@ -221,8 +221,8 @@ def main(argv=None) -> int:
 
     try:
         grade(args.submissions, args.course, quick=not args.full, timeout=args.timeout)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"make grade: {exc}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:  # RuntimeError: a lesson's
+        print(f"make grade: {exc}", file=sys.stderr)  # own reference run failed
         return 2
     return 0
 
