@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,26 +260,22 @@ def reference_runs(course: Path, lesson: str, quick: bool, timeout: int,
         return home / "runs"
     say(f"reference run of {lesson} ({'quick' if quick else 'full'} mode), made once for the "
         f"notebooks that read its outputs ...")
-    shutil.rmtree(home, ignore_errors=True)
-    tmp = home.with_name(home.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    token = os.urandom(16).hex()
-    env = dict(os.environ, LABS_RUNS_DIR=str(tmp / "runs"), LABS_QUICK="1" if quick else "0",
-               MPLBACKEND="Agg", LABS_GRADING_TOKEN=token)
-    cmd = [sys.executable, "-m", "tools.run_notebooks", "--only", lesson, "--dir",
-           str(path.parent), "--out", str(tmp / "build"), "--timeout", str(timeout)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate()
-    finally:
-        end_processes(token, proc)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"the course's reference run of {lesson} failed (exit "
-                           f"{proc.returncode}):\n" + "\n".join(out.splitlines()[-10:]))
-    (tmp / "source.sha256").write_text(digest)
-    tmp.rename(home)
+    token = uuid.uuid4().hex
+    with atomic_path(home, directory=True) as tmp:  # all or nothing: a failed run leaves none
+        env = dict(os.environ, LABS_RUNS_DIR=str(tmp / "runs"), LABS_GRADING_TOKEN=token,
+                   LABS_QUICK="1" if quick else "0", MPLBACKEND="Agg")
+        cmd = [sys.executable, "-m", "tools.run_notebooks", "--only", lesson, "--dir",
+               str(path.parent), "--out", str(tmp / "build"), "--timeout", str(timeout)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = proc.communicate()
+        finally:
+            end_processes(token, proc)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the course's reference run of {lesson} failed (exit "
+                               f"{proc.returncode}):\n" + "\n".join(out.splitlines()[-10:]))
+        (tmp / "source.sha256").write_text(digest)
     return home / "runs"
 
 

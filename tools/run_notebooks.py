@@ -24,6 +24,7 @@ from nbconvert import HTMLExporter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
+from helpers.files import atomic_path  # noqa: E402
 from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
@@ -38,9 +39,8 @@ def record_run_time(name: str, mode: str, seconds: float, path: Path = RUN_TIMES
     times = json.loads(path.read_text()) if path.is_file() else {}
     times.setdefault(name, {})[mode] = {"seconds": round(seconds, 1), "cores": os.cpu_count(),
                                         "date": time.strftime("%Y-%m-%d")}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
 
 
 class LessonClient(NotebookClient):
