@@ -289,7 +289,7 @@ SECOND["nb06-ex1"] = _("""
                 best, best_rate = k, k / slowest
         return best
 
-    sync_run = runs[slow_profile, "sync"]
+    sync_run = runs[SEEDS[0], slow_profile, "sync"]
     wt = runlogs.worker_times(sync_run)
     n_steps = runlogs.steps(sync_run).groupby("worker").size()
     k_measured = best_k(((wt.compute_s + wt.delay_s) / n_steps).values)
@@ -314,7 +314,7 @@ SECOND["nb06-ex3"] = _("""
             w = w * (limit / w.sum())
         return w.tolist()
 
-    fold_run = folds[0.5][0]
+    fold_run = folds[SEEDS[0], 0.5][0]
     recorded = runlogs.updates(fold_run)
     diffs = [0.0]
     for fresh, ages, applied in zip(recorded.fresh, recorded.staleness, recorded.weights):
