@@ -15,7 +15,8 @@ CELL_TIMEOUT ?= 900
 
 help:
 	@echo "make run      set up (first time), then execute every notebook in full mode into build/"
-	@echo "make test     set up (first time), unit tests, then every notebook in quick mode (nbval)"
+	@echo "make test     set up (first time), every test, then every notebook in quick mode (nbval)"
+	@echo "make unit     the fast tests only (no clusters, kernels or nbgrader): a few minutes"
 	@echo "make release  the nbgrader course in build/course/: source/ and release/ (student copies)"
 	@echo "make grade SUBMISSIONS=dir  autograde one sub-folder per student into build/course/grades.csv"
 	@echo "make handout  the release's student copies, flat in build/handout/ (self-study)"
@@ -35,13 +36,15 @@ $(STAMP): pyproject.toml
 	touch $@
 
 data: $(STAMP)
-	$(PY) tools/fetch_data.py
+	$(PY) -m tools.fetch_data
 
 run: data
-	$(PY) tools/run_notebooks.py --timeout $(CELL_TIMEOUT) --record-times
+	$(PY) -m tools.run_notebooks --timeout $(CELL_TIMEOUT) --record-times
 
+# The fast tests (a few minutes); the slow ones (clusters, kernels, nbgrader) and the
+# notebooks run in `make test`.
 unit: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -m "not slow" tests
 
 # pytest exits 5 when it collected nothing: that is a failure here, and says so.
 test: data
@@ -52,12 +55,12 @@ test: data
 COURSE ?= build/course
 
 release: $(STAMP)
-	$(PY) tools/course.py release --course $(COURSE) --timeout $(CELL_TIMEOUT)
+	$(PY) -m tools.course release --course $(COURSE) --timeout $(CELL_TIMEOUT)
 
 # Quick mode unless FULL=1. Needs the data, as the notebooks run.
 grade: data
 	@test -n "$(SUBMISSIONS)" || { echo "make grade: name the submissions folder, one sub-folder per student: make grade SUBMISSIONS=path/to/submissions" >&2; exit 2; }
-	$(PY) tools/course.py grade "$(SUBMISSIONS)" --course $(COURSE) --timeout $(CELL_TIMEOUT) $(if $(filter 1,$(FULL)),--full)
+	$(PY) -m tools.course grade "$(SUBMISSIONS)" --course $(COURSE) --timeout $(CELL_TIMEOUT) $(if $(filter 1,$(FULL)),--full)
 
 handout: release
 	rm -rf build/handout && mkdir -p build/handout
@@ -65,7 +68,7 @@ handout: release
 	@echo "student copies (no solutions, no hidden tests, no outputs) in build/handout/"
 
 index: $(STAMP)
-	$(PY) tools/make_index.py
+	$(PY) -m tools.make_index
 
 gpu: $(STAMP)
 	$(PY) -m pip uninstall --yes tensorflow-cpu

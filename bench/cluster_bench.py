@@ -9,7 +9,7 @@ hand-made call, step_profile.py) REPEATS times and keep the medians. Each repeat
 call against one process's step in alternating blocks, in one process: the ceiling of the
 async_1w ratios for any step that never computes on parameters older than the last update
 ("staleness_free_step_ceiling", the median over the repeats).
-Usage: python bench/cluster_bench.py [--quick]
+Usage: python -m bench.cluster_bench [--quick]
 """
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
 
-from helpers import config, files, runlogs  # noqa: E402
-from helpers.cluster import LocalCluster, strategies, tfconfig  # noqa: E402
+from bench.step_profile import remote_costs  # noqa: E402
+from bench.workload import BATCH, LR, TRAIN_SIZE, one_process  # noqa: E402
+from helpers import config, files  # noqa: E402
+from helpers.cluster import LocalCluster, runlogs, strategies, tfconfig  # noqa: E402
 
 MEMORY_KEYS = ("peak_rss_mb", "peak_pss_mb", "peak_uss_mb")
 # time to target: notebook 06's full-mode experiment (all 60,000 training images, 10,000 test
@@ -36,16 +38,6 @@ TTT_TARGETS = (0.80, 0.82, 0.85, 0.87, 0.88)  # every crossing is also recorded,
 TTT_SETUP = dict(train_size=60_000, test_size=10_000, lr=0.2, steps=150)
 REPEATS = 3
 TTT_REPEATS = 5  # time-to-target runs per mode: the crossing varies run to run
-TRAIN_SIZE, BATCH = 6000, 64
-LR = {"logreg": 0.5, "lenet": 0.05}
-
-
-def one_process(model_name: str, steps: int) -> float:
-    """Steps/s of plain SGD in this process, no cluster: the baseline (runlogs' trainer)."""
-    return runlogs.one_process(model_name, "mnist", steps, BATCH, LR[model_name],
-                               train_size=TRAIN_SIZE, test_size=100)["steps_per_s"]
-
-
 def tf_pss(model_name: str, steps: int, rows_file, workers: int = 2):
     """TF's ParameterServerStrategy + ClusterCoordinator (async, 1 PS), the peer: its steps/s
     and its tasks' memory ({task: usage}).
@@ -72,7 +64,7 @@ def keep_peaks(memory: dict, system: str, resources: dict) -> None:
 
 def idle_memory(pids: dict) -> dict:
     """Memory of started cluster processes before any run: TF, gRPC and our node code."""
-    from helpers.resources import ResourceMonitor
+    from helpers.system.resources import ResourceMonitor
 
     with ResourceMonitor(list(pids.values()), interval=0.25, pss_every=0.5) as monitor:
         time.sleep(1.5)  # a few samples; not a wait for a condition
@@ -88,7 +80,6 @@ def side_by_side(n_steps: dict, common: dict, calls: int) -> tuple[dict, dict, l
     repeat's remote-call costs.
 
     Alternating spreads a shared machine's drifting load over all of them alike."""
-    from step_profile import remote_costs
 
     rows_file = strategies.write_mnist_rows(config.runs_dir("bench") / "mnist_rows.u8",
                                             TRAIN_SIZE, seed=0)

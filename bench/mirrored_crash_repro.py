@@ -10,11 +10,11 @@ TF compute thread jump through freed memory (kernel log: `tf_Compute ... segfaul
 
 Each trial is a fresh process that builds LeNet under a one-replica MirroredStrategy and tests
 it `--repeats` times on 10,000 MNIST images in batches of 1,000, either with Keras'
-`evaluate` or with `helpers.models.accuracy` (plain forward passes, no distributed iterator),
+`evaluate` or with `helpers.training.models.accuracy` (plain forward passes, no distributed iterator),
 while `--load` busy-loop processes keep the cores loaded. The parent prints how each trial
 ended and writes runs/bench/mirrored_crash.json.
 
-    python bench/mirrored_crash_repro.py --trials 10 --load 2
+    python -m bench.mirrored_crash_repro --trials 10 --load 2
 """
 from __future__ import annotations
 
@@ -24,22 +24,21 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from helpers.config import REPO_ROOT as ROOT
 
 VARIANTS = ("keras_evaluate", "models_accuracy")
 
 
 def trial(variant: str, repeats: int) -> None:
     """One process: build LeNet under MirroredStrategy, then test it `repeats` times."""
-    from helpers import mirrored  # quiets TF first
+    from helpers.training import mirrored  # quiets TF first
 
     strategy = mirrored.strategy_over(mirrored.configure_devices(1))
     import keras
 
-    from helpers.models import accuracy, build, load_arrays
+    from helpers.training.models import accuracy, build
+    from helpers.data.arrays import load_arrays
 
     _, _, xt, yt, _ = load_arrays("mnist", 1, 10_000, images=("test",))
     xt = xt[..., None]
@@ -64,7 +63,7 @@ def main() -> None:
     if args.trial:
         trial(args.trial, args.repeats)
         return
-    from helpers.processes import child_setup
+    from helpers.system.processes import child_setup
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=child_setup)
             for _ in range(args.load)]
@@ -73,9 +72,10 @@ def main() -> None:
         for i in range(args.trials):
             for variant in VARIANTS:  # alternating, so both see the same load
                 t0 = time.time()
-                rc = subprocess.run([sys.executable, __file__, "--trial", variant, "--repeats",
-                                     str(args.repeats)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, preexec_fn=child_setup).returncode
+                cmd = [sys.executable, "-m", "bench.mirrored_crash_repro", "--trial", variant,
+                       "--repeats", str(args.repeats)]
+                rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    preexec_fn=child_setup, cwd=ROOT).returncode
                 how = signal.Signals(-rc).name if rc < 0 else ("ok" if rc == 0 else f"exit {rc}")
                 results[variant].append({"how": how, "seconds": round(time.time() - t0, 1)})
                 print(f"trial {i + 1}/{args.trials} {variant:16s} {how} "

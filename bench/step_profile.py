@@ -14,7 +14,7 @@ computes on parameters older than the last update, timed against one process's s
 alternating blocks for the ceiling of the async_1w ratios. Part 2's server is not in a private
 network namespace: the measuring process must reach it.
 Writes runs/bench/step_profile.json and prints a markdown table.
-Usage: python bench/step_profile.py [--quick]
+Usage: python -m bench.step_profile [--quick]
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
 
-from cluster_bench import BATCH, LR, TRAIN_SIZE, one_process  # noqa: E402  (same work)
+from bench.workload import BATCH, LR, TRAIN_SIZE, one_process  # noqa: E402  (same work)
 from helpers import config, files  # noqa: E402
 from helpers.cluster import LocalCluster, tfconfig  # noqa: E402
 
@@ -63,9 +63,10 @@ def remote_costs(repeats: int) -> dict:
     ends before the server does (a client that outlives its server logs errors at exit)."""
     with tfconfig.TFConfigCluster({"worker": 1, "ps": 1}, {"kind": "server"},
                                   servers=("ps",), timeout=120, isolate=False) as cl:
-        cmd = [sys.executable, __file__, "--remote", cl.cluster["ps"][0], "--repeats",
-               str(repeats)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        cmd = [sys.executable, "-m", "bench.step_profile", "--remote", cl.cluster["ps"][0],
+               "--repeats", str(repeats)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                              cwd=config.REPO_ROOT)
     if done.returncode:
         raise RuntimeError(f"the remote-call measurement failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -128,10 +129,11 @@ def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from helpers import models
+    from helpers.data import arrays
+    from helpers.training import models
     from helpers.cluster.wire import pack_by_dtype, unpack
 
-    x, y, _, _, _ = models.load_arrays("mnist", BATCH, 1, 0, images=("train",))
+    x, y, _, _, _ = arrays.load_arrays("mnist", BATCH, 1, 0, images=("train",))
     model = models.build(name, x.shape[1:], 10, 0)
     variables = model.trainable_variables
     shapes = [tuple(v.shape) for v in variables]

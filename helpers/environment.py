@@ -5,7 +5,8 @@ import importlib.metadata as md
 import platform
 import sys
 
-from helpers import config, downloads
+from helpers import config
+from helpers.data import downloads
 
 PACKAGES = ["tensorflow", "tensorflow-cpu", "keras", "gensim", "scikit-learn", "numpy",
             "pandas", "matplotlib", "ipywidgets", "psutil", "nbval"]

@@ -150,7 +150,7 @@ SECOND["nb03-ex2"] = _("""
     def zero_share_and_acc(l1):
         config.set_seed(SEED)
         net = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
-        h = train(net, make_optimizer("proximal_gd", 0.5, l1=l1), make_loss("sparse_softmax_ce"),
+        h = train_loop(net, make_optimizer("proximal_gd", 0.5, l1=l1), make_loss("sparse_softmax_ce"),
                   (x_train, y_train), (x_test, y_test), epochs=1, batch_size=BATCH)
         k = net.layers[-1].kernel.numpy()
         return float(np.count_nonzero(k == 0) / k.size), float(h["test_acc"][-1])
@@ -166,7 +166,7 @@ SECOND["nb03-ex3"] = _("""
     layers = [keras.Input((784,))]
     layers += [keras.layers.Dense(width, activation="relu") for width in (256, 128)]
     net = keras.Sequential(layers + [keras.layers.Dense(10)])
-    train(net, make_optimizer("adam", 1e-3), make_loss("sparse_softmax_ce"),
+    train_loop(net, make_optimizer("adam", 1e-3), make_loss("sparse_softmax_ce"),
           (x_train, y_train), (x_test, y_test), batch_size=BATCH, epochs=1)
     test_pred = np.asarray(net(x_test, training=False)).argmax(axis=1)
     kappa_sklearn = float(cohen_kappa_score(y_test, test_pred, weights="quadratic"))

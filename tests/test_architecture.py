@@ -1,18 +1,29 @@
-"""The package's shape: no import cycles between its modules, and no module too long to read."""
+"""The code's shape: layers that import only downward, no import cycle, no module too long.
+
+The layers, lowest first (README, "Layout"): helpers' top level (config, files, plots), then
+helpers.system, helpers.data, helpers.training, helpers.cluster, helpers.environment; tools and
+bench sit above all of helpers and never import each other. A module may import its own layer
+and the layers below it, never one above.
+"""
 import ast
 from pathlib import Path
 
 from helpers.config import REPO_ROOT
 
-HELPERS = REPO_ROOT / "helpers"
+TREES = ("helpers", "tools", "bench")
 MAX_LINES = 400
+LAYERS = [  # (module prefix, layer): the longest matching prefix wins
+    ("helpers", 0), ("helpers.system", 1), ("helpers.data", 2), ("helpers.training", 3),
+    ("helpers.cluster", 4), ("helpers.environment", 5), ("tools", 6), ("bench", 6),
+]
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for path in HELPERS.rglob("*.py"):
-        name = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
-        mods[name.removesuffix(".__init__")] = path
+    for tree in TREES:
+        for path in (REPO_ROOT / tree).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
     return mods
 
 
@@ -29,6 +40,24 @@ def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
                 if len(subs) < len(node.names):
                     edges[name].add(node.module)
     return edges
+
+
+def layer(module: str) -> int:
+    """The layer of a module: the one of the longest LAYERS prefix it falls under."""
+    found = [(len(p), n) for p, n in LAYERS if module == p or module.startswith(p + ".")]
+    assert found, f"{module} is in no layer: add it to LAYERS"
+    return max(found)[1]
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Imports that reach a higher layer, or across between tools and bench."""
+    bad = []
+    for a, targets in sorted(edges.items()):
+        for b in sorted(targets):
+            crossing = {a.split(".")[0], b.split(".")[0]} == {"tools", "bench"}
+            if layer(b) > layer(a) or crossing:
+                bad.append(f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})")
+    return bad
 
 
 def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -50,12 +79,25 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_between_project_modules():
+def test_no_import_cycle_in_helpers_tools_or_bench():
     assert _cycle(_imports(_modules())) is None
 
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_every_import_goes_down_the_layers():
+    assert upward(_imports(_modules())) == []
+
+
+def test_the_layer_check_catches_an_upward_import():
+    edges = {"helpers.data.mnist": {"helpers.training.models"}, "helpers.config": set(),
+             "tools.course.grade": {"bench.workload", "helpers.cluster.run"}}
+    assert upward(edges) == [
+        "helpers.data.mnist (layer 2) imports helpers.training.models (layer 3)",
+        "tools.course.grade (layer 6) imports bench.workload (layer 6)"]
+    assert layer("helpers.environment") == 5 and layer("helpers.plots") == 0
 
 
 def test_no_module_is_too_long_to_read():

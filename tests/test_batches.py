@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from helpers.batches import batch_size_at, epoch_batches
+from helpers.training.batches import batch_size_at, epoch_batches
 
 
 def test_growing_schedules_follow_their_formula():

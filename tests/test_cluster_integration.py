@@ -20,9 +20,13 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import compression
-from helpers.cluster import ClusterError, LocalCluster, netns, protocol
-from helpers.processes import log_tail
+from helpers.training import compression
+from helpers.cluster import ClusterError, LocalCluster, protocol
+from helpers.system import netns
+from helpers.system.processes import log_tail
+
+# starts real TF clusters of OS processes: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 STEPS = 150
 MIN_ACCURACY = 0.78  # logistic regression reaches ~0.85 on this subset in 150 updates
@@ -178,7 +182,7 @@ def test_logreg_trains_on_dbpedia_features_from_a_file(cluster, shared_data, tmp
     """data= an .npz of features: here hashed bag-of-words of real DBpedia articles."""
     from sklearn.feature_extraction.text import HashingVectorizer
 
-    from helpers.data import load_dbpedia
+    from helpers.data.dbpedia import load_dbpedia
 
     monkeypatch.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
     vec = HashingVectorizer(n_features=1024, alternate_sign=False, norm="l2")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import compression
-from helpers.compression import Float16, Float32, TopK
+from helpers.training import compression
+from helpers.training.compression import Float16, Float32, TopK
 
 
 def grads(seed):

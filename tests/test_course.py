@@ -16,14 +16,17 @@ import psutil
 import pytest
 from nbformat.corpus.words import generate_corpus_id
 
-from tools import course, grading
+from tools.course import grade, nbgrader_course, release
 from tools.notebooks import NOTEBOOK_DIR, read
+
+# runs nbgrader release and autograde on real notebooks: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 DOC2VEC, BOUNDS = "01_doc2vec_exercises", "02_convergence_exercises"
 MINI = {
-    DOC2VEC: [("01_doc2vec_dbpedia", ["from helpers import config, data", "MIN_COUNT = 2",
-                                      "train_corpus = text.DbpediaCorpus(",
-                                      "models[name] = text.train_doc2vec("], "nb01-ex2")],
+    DOC2VEC: [("01_doc2vec_dbpedia", ["from helpers.data import dbpedia", "MIN_COUNT = 2",
+                                      "train_corpus = dbpedia.DbpediaCorpus(",
+                                      "models[name] = doc2vec.train_doc2vec("], "nb01-ex2")],
     BOUNDS: [("06_stragglers_and_backup_workers",
               ["from helpers.cluster import LocalCluster", "def spectral_radius("], "nb06-ex2"),
              ("07_fault_tolerance", [], "nb07-ex2")],
@@ -80,7 +83,7 @@ def mini_course(dest):
 
 def answer(nb, exercise, source):
     """Put `source` into the solution cell of `exercise`."""
-    course.nbgrader_cells(nb)[f"{exercise}-solution"].source = source
+    nbgrader_course.nbgrader_cells(nb)[f"{exercise}-solution"].source = source
     return nb
 
 
@@ -114,7 +117,7 @@ def graded(tmp_path_factory, request):
     request.getfixturevalue("shared_data")
     tmp = tmp_path_factory.mktemp("course")
     src, where = mini_course(tmp / "lessons"), tmp / "course"
-    course.release(os.path.relpath(where), src, timeout=60)  # as `make release` passes it
+    release.release(os.path.relpath(where), src, timeout=60)  # as `make release` passes it
     ref = {n: read(src / f"{n}.ipynb") for n in MINI}
     rel = {n: read(where / "release" / n / f"{n}.ipynb") for n in MINI}
     subs = tmp / "submissions"
@@ -133,7 +136,7 @@ def graded(tmp_path_factory, request):
     # dan: deleted the test cell of Exercise 2 (06), and handed in only that notebook
     dan = nbformat.from_dict(ref[BOUNDS])
     dan.cells = [c for c in dan.cells
-                 if course.grade_id(c) != "nb06-ex2-test"]
+                 if nbgrader_course.grade_id(c) != "nb06-ex2-test"]
     hand_in(subs, "dan", BOUNDS, dan)
     # eve: renamed her notebook, in nbgrader's own submitted/<student>/<assignment>/ layout
     hand_in(subs / "eve", DOC2VEC, f"{DOC2VEC} (1)", ref[DOC2VEC])
@@ -141,7 +144,7 @@ def graded(tmp_path_factory, request):
     os.environ["CRASH_PID_FILE"] = str(pid_file)
     lines = []
     try:
-        rows = grading.grade(subs, where, quick=True, timeout=60, src=src, say=lines.append)
+        rows = grade.grade(subs, where, quick=True, timeout=60, src=src, say=lines.append)
     finally:
         del os.environ["CRASH_PID_FILE"]
     return {"course": where, "rows": rows, "report": "\n".join(lines), "src": src,
@@ -156,10 +159,10 @@ def test_the_release_has_no_solution_no_hidden_test_and_no_output(graded):
         assert "spectral_radius(2.0, 0.5, [mid])" not in text  # the reference bisection
         assert text.count("raise NotImplementedError()") >= (2 if name == BOUNDS else 1)
         assert all(c.outputs == [] for c in released.cells if c.cell_type == "code")
-        cells = course.nbgrader_cells(released)
+        cells = nbgrader_course.nbgrader_cells(released)
         assert {g: c.metadata["nbgrader"].get("points") for g, c in cells.items()
                 if c.metadata["nbgrader"].get("grade")} == {
-            g + "-test": course.POINTS[g + "-test"] for g in FULL if g + "-test" in cells}
+            g + "-test": nbgrader_course.POINTS[g + "-test"] for g in FULL if g + "-test" in cells}
 
 
 def test_reference_solutions_get_full_points(graded):
@@ -172,7 +175,7 @@ def test_release_untouched_and_a_gamed_answer_get_exactly_what_they_earned(grade
     assert got["bob", "nb01-ex2"] == 0.0  # NotImplementedError
     assert got["bob", "nb06-ex2"] == 2.0  # answered
     assert got["bob", "nb07-ex2"] == 0.0  # passes the visible checker, fails the hidden test
-    visible = course.nbgrader_cells(read(graded["course"] / "release" / BOUNDS /
+    visible = nbgrader_course.nbgrader_cells(read(graded["course"] / "release" / BOUNDS /
                                          f"{BOUNDS}.ipynb"))["nb07-ex2-test"].source
     namespace = {}
     exec(GAMED + visible, namespace)  # the visible checker alone is fooled
@@ -223,7 +226,7 @@ def test_grades_csv_and_feedback_come_from_the_gradebook(graded):
          "max_points": "2.0"},
     ]
     assert {r["student"] for r in rows} == {"ada", "bob", "cora", "dan", "eve"}
-    with course.gradebook(where) as gb:
+    with nbgrader_course.gradebook(where) as gb:
         assert gb.find_submission("02_convergence_exercises", "bob").score == 2.0
     for student, score in [("ada", "4.0 / 4.0"), ("bob", "2.0 / 4.0"), ("dan", "4.0 / 4.0")]:
         html = (where / "feedback" / student / BOUNDS / f"{BOUNDS}.html").read_text()
@@ -243,7 +246,7 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
     hand_in(tmp_path / "late", "hal", BOUNDS, hang)
     (tmp_path / "late" / "ada").mkdir()  # ada hands in nothing new: her grades stay
     lines = []
-    rows = grading.grade(tmp_path / "late", where, quick=True, timeout=10, src=graded["src"],
+    rows = grade.grade(tmp_path / "late", where, quick=True, timeout=10, src=graded["src"],
                         say=lines.append)
     got = points(rows)
     assert got["hal", "nb06-ex2"] == 0.0 and got["hal", "nb07-ex2"] == 2.0, lines
@@ -252,7 +255,7 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
     assert any("nb06-ex2-solution: ran past the timeout" in line for line in lines), lines
     assert any("nb06-ex2-test: NameError, after cell" in line and "nb06-ex2-solution ran past "
                "the timeout" in line for line in lines), lines
-    with course.gradebook(where) as gb:
+    with nbgrader_course.gradebook(where) as gb:
         for (student, exercise), value in before.items():
             nb_id = DOC2VEC if exercise.startswith("nb01") else BOUNDS
             try:
@@ -267,16 +270,16 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
 
 def test_bad_submissions_folder_is_named_in_the_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere.*one sub-folder per student"):
-        grading.grade(tmp_path / "nowhere", tmp_path / "course")
+        grade.grade(tmp_path / "nowhere", tmp_path / "course")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty holds no student folder"):
-        grading.grade(tmp_path / "empty", tmp_path / "course")
+        grade.grade(tmp_path / "empty", tmp_path / "course")
 
 
 def test_every_test_cell_of_the_lessons_has_points_and_every_point_a_cell():
     ids = set()
     for path in sorted(NOTEBOOK_DIR.glob("0[1-8]_*.ipynb")):
-        cells = course.nbgrader_cells(read(path))
+        cells = nbgrader_course.nbgrader_cells(read(path))
         ids |= {g for g, c in cells.items() if c.metadata["nbgrader"].get("grade")}
         for g, c in cells.items():
             meta = c.metadata["nbgrader"]
@@ -284,8 +287,8 @@ def test_every_test_cell_of_the_lessons_has_points_and_every_point_a_cell():
                 assert "### BEGIN SOLUTION" in c.source, g
             if meta.get("grade"):
                 assert "### BEGIN HIDDEN TESTS" in c.source, g
-    assert ids == set(course.POINTS)
-    assert all(isinstance(v, int) and v > 0 for v in course.POINTS.values())
+    assert ids == set(nbgrader_course.POINTS)
+    assert all(isinstance(v, int) and v > 0 for v in nbgrader_course.POINTS.values())
 
 
 def test_a_failed_reference_run_raises_and_leaves_nothing(tmp_path):
@@ -298,9 +301,9 @@ def test_a_failed_reference_run_raises_and_leaves_nothing(tmp_path):
     nbformat.write(nb, str(lessons / "01_broken.ipynb"))
     where = tmp_path / "course"
     with pytest.raises(RuntimeError, match="reference run of 01_broken failed"):
-        grading.reference_runs(where, "01_broken", quick=True, timeout=60, src=lessons,
+        grade.reference_runs(where, "01_broken", quick=True, timeout=60, src=lessons,
                                say=lambda _: None)
     assert list((where / "reference" / "quick").iterdir()) == []  # no partial folder either
     with pytest.raises(FileNotFoundError, match="02_missing.ipynb is missing"):
-        grading.reference_runs(where, "02_missing", quick=True, timeout=60, src=lessons)
+        grade.reference_runs(where, "02_missing", quick=True, timeout=60, src=lessons)
     assert grading_processes() == []

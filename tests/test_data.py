@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import data, downloads
+from helpers.data import dbpedia, mnist, downloads
 
 MNIST = downloads.DATASETS["mnist"]
 
@@ -86,7 +86,7 @@ def test_mirror_as_url(cache, shared_data, server, monkeypatch):
     base, root = server
     shutil.copy(shared_data / "mnist.npz", root / "mnist.npz")
     monkeypatch.setenv("LABS_DATA_MIRROR", base + "/")
-    (x_train, y_train), (x_test, y_test) = data.load_mnist()
+    (x_train, y_train), (x_test, y_test) = mnist.load_mnist()
     assert x_train.shape == (60000, 28, 28) and x_test.shape == (10000, 28, 28)
     assert x_train.dtype == np.uint8
     # Label counts as published for MNIST (shared/data/SOURCES.md).
@@ -97,21 +97,21 @@ def test_mirror_as_url(cache, shared_data, server, monkeypatch):
 
 def test_mnist_rows_stream_exactly_the_rows_asked_for(cache, shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
-    (x_train, _), (x_test, _) = data.load_mnist()
+    (x_train, _), (x_test, _) = mnist.load_mnist()
     rows = np.random.default_rng(0).permutation(60000)[:3000]
     rows = np.concatenate([rows, [rows[0], 59999, 0]])  # repeats and both ends, any order
-    np.testing.assert_array_equal(data.load_mnist_rows("train", rows), x_train[rows])
-    np.testing.assert_array_equal(data.load_mnist_rows("test", [9999, 3]), x_test[[9999, 3]])
-    assert data.load_mnist_rows("test", []).shape == (0, 28, 28)
+    np.testing.assert_array_equal(mnist.load_mnist_rows("train", rows), x_train[rows])
+    np.testing.assert_array_equal(mnist.load_mnist_rows("test", [9999, 3]), x_test[[9999, 3]])
+    assert mnist.load_mnist_rows("test", []).shape == (0, 28, 28)
     with pytest.raises(ValueError, match=r"rows must be in \[0, 10000\), got 0..10000"):
-        data.load_mnist_rows("test", [0, 10000])
+        mnist.load_mnist_rows("test", [0, 10000])
     with pytest.raises(ValueError, match="split must be 'train' or 'test', got 'dev'"):
-        data.load_mnist_rows("dev", [0])
+        mnist.load_mnist_rows("dev", [0])
 
 
 def test_mirror_that_is_neither_url_nor_folder_is_refused(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(tmp_path / "no-such-folder"))
-    with pytest.raises(data.DataError, match="neither an http.s. URL nor an existing folder"):
+    with pytest.raises(dbpedia.DataError, match="neither an http.s. URL nor an existing folder"):
         downloads.fetch("mnist")
 
 
@@ -148,14 +148,14 @@ def test_download_cut_short_by_server_leaves_nothing(cache, shared_data, server,
     base, root = server
     shutil.copy(shared_data / "mnist.npz", root / "mnist.npz")
     monkeypatch.setenv("LABS_DATA_MIRROR", base + "/short")
-    with pytest.raises(data.DataError, match="cut short|broke off"):
+    with pytest.raises(dbpedia.DataError, match="cut short|broke off"):
         downloads.fetch("mnist")
     assert leftovers(cache) == []
 
 
 def test_offline_with_empty_cache_says_what_to_download_and_where(cache):
     offline = dataclasses.replace(MNIST, url=f"http://127.0.0.1:{closed_port()}/mnist.npz")
-    with pytest.raises(data.DataError) as err:
+    with pytest.raises(dbpedia.DataError) as err:
         downloads.fetch(offline)
     msg = str(err.value)
     assert offline.url in msg                       # what to download
@@ -217,7 +217,7 @@ def test_offline_archive_is_taken_from_where_the_error_says(cache, shared_data, 
     subset = shared_data / "dbpedia_subset"
     offline = dataclasses.replace(_archive_dataset(subset),
                                   url=f"http://127.0.0.1:{closed_port()}/dbpedia_csv.tgz")
-    with pytest.raises(data.DataError) as err:
+    with pytest.raises(dbpedia.DataError) as err:
         downloads.fetch(offline)
     assert f"put it at {cache / 'dbpedia_csv.tgz'}," in str(err.value)  # not a temporary folder
     assert leftovers(cache) == []
@@ -248,61 +248,61 @@ def dbpedia_dir(tmp_path, monkeypatch, shared_data):
 def test_malformed_rows_name_file_and_line(dbpedia_dir, bad_line, match):
     rows = ['1,"Acme","A company."', '2,"","A school, with ""quotes""."', bad_line, '3,"","ok"']
     (dbpedia_dir / "train.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    with pytest.raises(data.DataError, match=match) as err:
-        data.load_dbpedia("train")
+    with pytest.raises(dbpedia.DataError, match=match) as err:
+        dbpedia.load_dbpedia("train")
     assert str(dbpedia_dir / "train.csv") in str(err.value)
 
 
 def test_quoted_fields_are_parsed_like_the_original_format(dbpedia_dir):
     (dbpedia_dir / "train.csv").write_text('1,"Acme","A ""big"", old company."\n', encoding="utf-8")
-    frame = data.load_dbpedia("train")
+    frame = dbpedia.load_dbpedia("train")
     assert frame.loc[1].tolist() == [0, "Acme", 'A "big", old company.']
 
 
 def test_dbpedia_dir_missing_files_are_named(tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_DBPEDIA_DIR", str(tmp_path))
     (tmp_path / "classes.txt").write_text("A\n")
-    with pytest.raises(data.DataError, match="lacks train.csv, test.csv"):
-        data.load_dbpedia("train")
+    with pytest.raises(dbpedia.DataError, match="lacks train.csv, test.csv"):
+        dbpedia.load_dbpedia("train")
 
 
 def test_bad_split_and_sample_size_are_refused(shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
     with pytest.raises(ValueError, match="split must be 'train' or 'test', got 'dev'"):
-        data.load_dbpedia("dev")
+        dbpedia.load_dbpedia("dev")
     with pytest.raises(ValueError, match="n_per_class must be a positive integer"):
-        data.load_dbpedia("train", n_per_class=0)
+        dbpedia.load_dbpedia("train", n_per_class=0)
 
 
 def test_real_subset_loads_with_published_counts(shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
-    train = data.load_dbpedia("train")
+    train = dbpedia.load_dbpedia("train")
     # Per-class counts as published in shared/data/SOURCES.md.
     assert np.bincount(train.label).tolist() == [1095, 1077, 1111, 1080, 1017, 1148, 1095,
                                                  1091, 1057, 1092, 1158, 1158, 1119, 1049]
-    assert data.dbpedia_classes()[0] == "Company" and len(data.dbpedia_classes()) == 14
-    assert sum(1 for _ in data.iter_dbpedia("test")) == 9193
+    assert dbpedia.dbpedia_classes()[0] == "Company" and len(dbpedia.dbpedia_classes()) == 14
+    assert sum(1 for _ in dbpedia.iter_dbpedia("test")) == 9193
 
 
 def test_stratified_sample_is_per_class_and_seeded(shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
-    a = data.load_dbpedia("test", n_per_class=40, seed=1)
+    a = dbpedia.load_dbpedia("test", n_per_class=40, seed=1)
     assert Counter(a.label) == {c: 40 for c in range(14)}
     assert a.index.is_monotonic_increasing  # file order kept
-    assert a.index.equals(data.load_dbpedia("test", n_per_class=40, seed=1).index)
-    assert not a.index.equals(data.load_dbpedia("test", n_per_class=40, seed=2).index)
-    full = data.load_dbpedia("test")
+    assert a.index.equals(dbpedia.load_dbpedia("test", n_per_class=40, seed=1).index)
+    assert not a.index.equals(dbpedia.load_dbpedia("test", n_per_class=40, seed=2).index)
+    full = dbpedia.load_dbpedia("test")
     assert (full.loc[a.index] == a).all().all()  # rows are the file's own rows
 
 
 def test_train_dev_split_is_stratified_disjoint_and_complete():
     labels = np.repeat(np.arange(5), [100, 50, 200, 30, 20])
-    train, dev = data.train_dev_split(labels, dev_fraction=0.2, seed=3)
+    train, dev = dbpedia.train_dev_split(labels, dev_fraction=0.2, seed=3)
     assert np.intersect1d(train, dev).size == 0
     assert np.union1d(train, dev).tolist() == list(range(len(labels)))
     assert np.bincount(labels[dev]).tolist() == [20, 10, 40, 6, 4]
     with pytest.raises(ValueError, match="dev_fraction must be strictly between 0 and 1, got 1.5"):
-        data.train_dev_split(labels, dev_fraction=1.5)
+        dbpedia.train_dev_split(labels, dev_fraction=1.5)
 
 
 def test_cut_short_archive_reader_is_not_confused_with_tar(tmp_path):
@@ -318,5 +318,5 @@ def test_cut_short_archive_reader_is_not_confused_with_tar(tmp_path):
     ds = downloads.DATASETS["dbpedia"]
     into = tmp_path / "out"
     into.mkdir()
-    with pytest.raises(data.DataError):
+    with pytest.raises(dbpedia.DataError):
         downloads._extract_members(ds, broken, into)

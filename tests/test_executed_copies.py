@@ -1,6 +1,6 @@
 """What `make run` writes to build/: no stray stderr, and progress bars in their final state.
 
-Notebooks 01 and 02 run in quick mode through the runner itself (tools/run_notebooks.py).
+Notebooks 01 and 02 run in quick mode through the runner itself (tools.run_notebooks).
 The HTML of notebook 01 is then opened in headless Chromium with the network off, to check
 what a reader of the rendered lesson sees.
 """
@@ -14,9 +14,12 @@ from html.parser import HTMLParser
 import nbformat
 import pytest
 
-from helpers.cluster import netns
+from helpers.system import netns
 from tools.notebooks import NOTEBOOK_DIR, STDERR_ALLOWED
 from tools.run_notebooks import run_one
+
+# executes notebooks through the runner: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 NOTEBOOKS = ("01_doc2vec_dbpedia", "02_logreg_lr_schedules")
 BAR = re.compile(r"(\d+)%\|[█▏▎▍▌▋▊▉ ]*\| *(\d+)/(\d+)")

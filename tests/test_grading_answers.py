@@ -15,8 +15,12 @@ import nbformat
 import pytest
 
 from tests.exercise_answers import SECOND, WRONG
-from tools import course, exercises, grading
+from tools import exercises
+from tools.course import grade, nbgrader_course, release
 from tools.notebooks import notebook_paths, read
+
+# grades every lesson with nbgrader, twice: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 LESSONS = [p.stem for p in notebook_paths() if p.name != "00_index.ipynb"]
 
@@ -44,20 +48,20 @@ def graded(tmp_path_factory, request):
     request.getfixturevalue("shared_data")
     tmp = tmp_path_factory.mktemp("answers")
     where, subs = tmp / "course", tmp / "submissions"
-    course.release(where, timeout=600)
+    release.release(where, timeout=600)
     released = {a: read(where / "release" / a / f"{a}.ipynb") for a in LESSONS}
     for a in LESSONS:
         hand_in(subs, "odd", a, answered(released[a], lambda k, i: (WRONG if k % 2 else SECOND)[i]))
         hand_in(subs, "even", a, answered(released[a], lambda k, i: (SECOND if k % 2 else WRONG)[i]))
     hand_in(subs, "late", LESSONS[0], released[LESSONS[0]])
     first = []
-    rows = grading.grade(subs, where, quick=True, timeout=600, say=first.append)
+    rows = grade.grade(subs, where, quick=True, timeout=600, say=first.append)
     later = tmp / "later"
     for a, name in [("02_logreg_lr_schedules", "logreg (final)"),
                     ("06_stragglers_and_backup_workers", "my 06")]:
         hand_in(later, "late", name, answered(released[a], lambda k, i: SECOND[i]))
     second = []
-    late_rows = grading.grade(later, where, quick=True, timeout=600, say=second.append)
+    late_rows = grade.grade(later, where, quick=True, timeout=600, say=second.append)
     return {"rows": rows, "late": late_rows, "report": "\n".join(first),
             "late_report": "\n".join(second), "course": where}
 
@@ -65,7 +69,7 @@ def graded(tmp_path_factory, request):
 def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exercise(graded):
     got = points(graded["rows"])
     expect = {}
-    for gid, max_points in course.POINTS.items():
+    for gid, max_points in nbgrader_course.POINTS.items():
         ex_id = gid.removesuffix("-test")
         k = int(ex_id.split("-ex")[1])
         expect["odd", ex_id] = 0.0 if k % 2 else float(max_points)
@@ -75,7 +79,7 @@ def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exe
 
 def test_a_notebook_handed_in_alone_later_after_a_wrong_01_gets_full_points(graded):
     got = points(graded["late"])
-    for gid, max_points in course.POINTS.items():
+    for gid, max_points in nbgrader_course.POINTS.items():
         if gid.startswith(("nb02-", "nb06-")):
             assert got["late", gid.removesuffix("-test")] == max_points, graded["late_report"]
         if gid.startswith("nb01-"):

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 from keras.optimizers.schedules import ExponentialDecay
 
-from helpers import logreg, schedules
+from helpers.training import logreg, schedules
 
 
 def blobs(n=600, d=5, k=3, seed=0):

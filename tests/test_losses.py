@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 from sklearn.metrics import cohen_kappa_score
 
-from helpers.losses import LOSSES, WeightedKappaLoss, make_loss, weighted_sigmoid_cross_entropy
+from helpers.training.losses import LOSSES, WeightedKappaLoss, make_loss, weighted_sigmoid_cross_entropy
 
 K = 5
 RNG = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""helpers.mirrored: each configuration in a child process; crashes are reported and retried."""
+"""helpers.training.mirrored: each configuration in a child process; crashes are reported and retried."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,10 @@ import keras
 import psutil
 import pytest
 
-from helpers import mirrored
+from helpers.training import mirrored
+
+# trains under MirroredStrategy in child processes: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 
 def tiny_job(**fault):

@@ -1,7 +1,7 @@
 """The compiled test-set scorer agrees with the eager one, and follows the model's weights."""
 import numpy as np
 
-from helpers import models
+from helpers.training import models
 
 
 def _data(n=1030):  # not a multiple of the batch of 250

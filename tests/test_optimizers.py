@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers.optimizers import (OPTIMIZERS, ProximalAdagrad, ProximalGradientDescent,
-                                make_optimizer)
+from helpers.training.optimizers import OPTIMIZERS, ProximalAdagrad, ProximalGradientDescent, make_optimizer
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 5)).astype("float32")

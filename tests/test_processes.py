@@ -7,8 +7,7 @@ import time
 import psutil
 import pytest
 
-from helpers.processes import (ChildProcess, NoResult, end_all, free_ports, log_tail,
-                               wait_for_results)
+from helpers.system.processes import ChildProcess, NoResult, end_all, free_ports, log_tail, wait_for_results
 
 
 def _child(tmp_path, name, code):

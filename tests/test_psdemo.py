@@ -3,7 +3,10 @@ not, and every process it starts is gone when it returns, also on a timeout."""
 import psutil
 import pytest
 
-from helpers import psdemo
+from helpers.cluster import psdemo
+
+# starts tf.distribute.Server processes: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 
 def _alive(pids):

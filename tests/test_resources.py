@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from helpers.resources import ResourceMonitor
+from helpers.system.resources import ResourceMonitor
 
 MB = 2**20
 # 200 MB written by a parent, then shared with a forked child (copy-on-write, never written)

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import nbformat
 import psutil
+import pytest
+
+# starts Jupyter kernels: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,9 +32,9 @@ def test_ctrl_c_reports_interrupted_and_leaves_no_kernel(tmp_path):
              f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)")
     notebook(tmp_path / "02_never_runs.ipynb", "print('should not run')")
     runner = subprocess.Popen(
-        [sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "--dir", str(tmp_path),
+        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path),
          "--out", str(tmp_path / "build")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, preexec_fn=_sigint_default)
+        text=True, preexec_fn=_sigint_default, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         while not pid_file.exists() or not pid_file.read_text():

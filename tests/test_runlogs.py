@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, log_loss
 
-from helpers import runlogs
-from helpers import models
+from helpers.cluster import runlogs
+from helpers.training import baseline_sgd
+from helpers.data import arrays
 from helpers.cluster import protocol
 from helpers.cluster.run import Run
 
@@ -88,7 +89,7 @@ def test_updates_to_accuracy_is_the_same_crossing():
 
 def test_test_curve_matches_numpy_and_sklearn(tmp_path, shared_data):
     cfg = protocol.validate(protocol.RunConfig(workers=1, train_size=200, test_size=500, run_id="t"))
-    _, _, x_te, y_te, _ = models.load_arrays("mnist", 1, 500, 0)
+    _, _, x_te, y_te, _ = arrays.load_arrays("mnist", 1, 500, 0)
     rng = np.random.default_rng(0)
     (tmp_path / "ckpt").mkdir()
     events = [("ps-0", {"t": T0, "kind": "joined", "workers": [0]})]
@@ -118,7 +119,7 @@ def test_curves_without_checkpoints_or_evaluator_say_what_to_do(tmp_path):
 
 
 def test_one_process_baseline_learns(shared_data):
-    result = runlogs.one_process(steps=100, lr=0.5, train_size=3000, test_size=1000)
+    result = baseline_sgd.one_process(steps=100, lr=0.5, train_size=3000, test_size=1000)
     assert len(result["losses"]) == 100 and np.all(np.diff(result["elapsed"]) >= 0)
     assert result["losses"][-20:].mean() < 0.5 * result["losses"][:5].mean()
     assert result["test_accuracy"] > 0.8

@@ -3,7 +3,7 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import schedules
+from helpers.training import schedules
 
 STEPS = np.arange(0, 2001, 7)
 

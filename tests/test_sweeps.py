@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from helpers import sweeps
+from helpers.training import sweeps
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,11 @@ import psutil
 import pytest
 
 from helpers.cluster import strategies
-from helpers.cluster import netns, tfconfig
+from helpers.system import netns
+from helpers.cluster import tfconfig
+
+# starts TF_CONFIG clusters for TF's own strategies: `make unit` leaves it out
+pytestmark = pytest.mark.slow
 
 
 def _alive(pids):

@@ -2,23 +2,20 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from helpers import data, downloads  # noqa: E402
+from helpers.data import dbpedia, downloads
 
 
 def main() -> int:
     try:
         mnist = downloads.fetch("mnist")
         print(f"mnist    ok  {mnist}")
-        folder = data.dbpedia_dir()
+        folder = dbpedia.dbpedia_dir()
         counts = {}
         for split in ("train", "test"):  # parses every row: a bad file fails here, not mid-lesson
-            counts[split] = sum(1 for _ in data.iter_dbpedia(split))
+            counts[split] = sum(1 for _ in dbpedia.iter_dbpedia(split))
         print(f"dbpedia  ok  {folder} ({counts['train']:,} train / {counts['test']:,} test rows, "
-              f"{len(data.dbpedia_classes())} classes)")
+              f"{len(dbpedia.dbpedia_classes())} classes)")
     except downloads.DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

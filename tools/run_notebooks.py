@@ -14,18 +14,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import helpers  # noqa: F401  (sets the kernels' TF log level: they inherit os.environ)
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from nbconvert import HTMLExporter
+from tqdm import tqdm
+from traitlets.config import Config
 
-import helpers  # noqa: E402,F401  (sets the kernels' TF log level: they inherit os.environ)
-import nbformat  # noqa: E402
-from nbclient import NotebookClient  # noqa: E402
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # noqa: E402
-from nbconvert import HTMLExporter  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-from traitlets.config import Config  # noqa: E402
-
-from helpers.files import atomic_path  # noqa: E402
-from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read  # noqa: E402
+from helpers.files import atomic_path
+from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
 BUILD = Path(__file__).resolve().parent.parent / "build"

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from helpers import models
+from helpers.cluster.events import Kind
+from helpers.training import models
 
 
 class EvaluatorLoop:
@@ -31,7 +32,7 @@ class EvaluatorLoop:
                 for i, var in enumerate(self.model.trainable_variables):
                     var.assign(f[f"w{i}"])
             acc = self.score()
-            self.log.write("eval", version=version, test_accuracy=acc, file=path.name)
+            self.log.write(Kind.EVAL, version=version, test_accuracy=acc, file=path.name)
             evaluated += 1
         return {"evaluated": evaluated}
 

@@ -1,9 +1,35 @@
-"""JSON-lines event logs written by every cluster process, and reading them back."""
+"""JSON-lines event logs written by every cluster process, and reading them back.
+
+Every line is one event: {"t": wall time, "kind": a Kind, ...its fields}. The kinds, who
+writes them and with which fields, are listed once, in Kind; writers and readers both use
+its members (they are strings, so a DataFrame's `kind` column compares with them directly),
+and EventLog.write refuses a kind that is not one of them.
+"""
 from __future__ import annotations
 
+import enum
 import json
 import time
 from pathlib import Path
+
+
+class Kind(enum.StrEnum):
+    """The events of a run: who writes each (file ps-0, worker-N or evaluator-0), with what."""
+
+    START = "start"  # PS, a run begins: mode, workers, version
+    JOINED = "joined"  # PS, every worker pulled its first parameters: workers
+    STEP = "step"  # worker, a step is done: worker, step, version read, compute/wait/delay s, ...
+    DONE = "done"  # worker, its last step: worker, steps
+    UPDATE = "update"  # PS, one update applied: version, lr, and per push: workers, steps,
+    #   versions (read), staleness, weights, fresh
+    DROP = "drop"  # PS, a late gradient dropped: worker, step, version, staleness
+    CHECKPOINT = "checkpoint"  # PS, parameters saved: version, file
+    RESUME = "resume"  # PS, a run resumed from a checkpoint: version, file
+    EVAL = "eval"  # evaluator, a checkpoint tested: version, test_accuracy, file
+    FAULT = "fault"  # PS or worker, an injected fault fires: what, version or step
+    DEAD = "dead"  # PS, a worker's process is gone: worker, pid
+    TIMEOUT = "timeout"  # PS, workers silent too long: silent_s, workers
+    FINAL = "final"  # PS, the run's end: version, test_accuracy, wall_s
 
 
 class EventLog:
@@ -13,9 +39,9 @@ class EventLog:
         self.path = Path(run_dir) / f"{name}.jsonl"
         self._f = open(self.path, "a", buffering=1)
 
-    def write(self, kind: str, **fields) -> None:
-        """Record one event with its wall time."""
-        fields = {"t": time.time(), "kind": kind, **fields}
+    def write(self, kind: Kind, **fields) -> None:
+        """Record one event with its wall time (ValueError for a kind not in Kind)."""
+        fields = {"t": time.time(), "kind": str(Kind(kind)), **fields}
         self._f.write(json.dumps(fields) + "\n")
 
     def close(self) -> None:

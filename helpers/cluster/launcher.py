@@ -1,7 +1,7 @@
 """LocalCluster: start a PS and N workers as real OS processes, train, and always clean up.
 
 The processes are `python -m helpers.cluster.node` (see node.py), one ChildProcess each
-(helpers/processes.py); a run is a command sent to all of them, watched until every one
+(helpers/system/processes.py); a run is a command sent to all of them, watched until every one
 reports done, while the launcher checks for dead processes and for a run that stalls.
 """
 from __future__ import annotations
@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import config
-from helpers.cluster import netns, protocol
-from helpers.cluster.events import EventTail
+from helpers.cluster import protocol
+from helpers.cluster.events import EventTail, Kind
 from helpers.cluster.progress import RunProgress
 from helpers.cluster.run import Run
-from helpers.processes import ChildProcess, free_ports, log_tail
+from helpers.system import netns
+from helpers.system.control import Cmd, Event, command
+from helpers.system.processes import ChildProcess, free_ports, log_tail
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 _COUNTER = itertools.count()
@@ -143,7 +145,7 @@ class LocalCluster:
             deadline = time.monotonic() + self.start_timeout
             while waiting:
                 name, msg = self._next_message(deadline, "start-up", waiting)
-                if msg.get("event") == "ready":
+                if msg.get("event") == Event.READY:
                     waiting.discard(name)
             self.startup_s = time.perf_counter() - t0
             return self
@@ -156,7 +158,7 @@ class LocalCluster:
         for proc in self.procs.values():
             if proc.popen.poll() is None:
                 try:
-                    proc.send({"cmd": "exit"})
+                    proc.send(command(Cmd.EXIT))
                 except (BrokenPipeError, OSError, ValueError):
                     pass
         for proc in self.procs.values():
@@ -246,12 +248,12 @@ class LocalCluster:
         self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
         for name, proc in self.procs.items():
             if proc.died() is None:
-                proc.send({"cmd": "run", "config": str(cfg_path), "worker_pids": pids})
+                proc.send(command(Cmd.RUN, config=str(cfg_path), worker_pids=pids))
         return self._watch(cfg, run_dir, progress)
 
     def _watch(self, cfg, run_dir, progress) -> Run:
         """Route messages and watch deaths and progress until every process is done."""
-        from helpers.resources import ResourceMonitor
+        from helpers.system.resources import ResourceMonitor
 
         watch = _Watch({n for n, p in self.procs.items() if p.died() is None},
                        EventTail(run_dir), RunProgress(cfg) if progress else None)
@@ -288,12 +290,12 @@ class LocalCluster:
 
     def _route(self, cfg, watch: _Watch, name: str | None, msg: dict) -> None:
         """Act on one message of a process: done, or an error."""
-        if msg.get("event") == "error" and name == "ps:0":
+        if msg.get("event") == Event.ERROR and name == "ps:0":
             # a protocol error (e.g. a lost worker in sync mode): the PS has closed the run's
             # queues, so the workers finish and the cluster lives
             watch.ps_error = msg["error"]
             watch.waiting.discard(name)
-        elif msg.get("event") == "error":
+        elif msg.get("event") == Event.ERROR:
             # a worker may see the PS's sockets close before the PS is reapable: give a dying
             # PS a moment, so that the error names the real culprit
             try:
@@ -302,7 +304,7 @@ class LocalCluster:
                 pass
             self._check_deaths(cfg.mode, tolerate_workers=True)
             self._fail(f"{name} failed during run {cfg.run_id}: {msg['error']}", name)
-        elif msg.get("event") == "done":
+        elif msg.get("event") == Event.DONE:
             watch.waiting.discard(name)
             watch.results[name] = msg.get("result")
 
@@ -315,7 +317,7 @@ class LocalCluster:
         events = watch.tail.read()
         if events:
             watch.last_progress = time.monotonic()
-            watch.joined = watch.joined or any(e["kind"] == "joined" for e in events)
+            watch.joined = watch.joined or any(e["kind"] == Kind.JOINED for e in events)
             if watch.bar:
                 watch.bar.update(events)
             return

@@ -18,6 +18,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from helpers.system.control import Cmd, Event, event_line
+
 
 class Node:
     """The TF side of one process: connect, then run training runs."""
@@ -47,26 +49,27 @@ class Node:
             with tf.device(self.ps):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
 
-    def say(self, **msg) -> None:
-        """Send one JSON message to the launcher."""
+    def say(self, event: Event, **fields) -> None:
+        """Send one message to the launcher (helpers.system.control)."""
         if self.proto is not None:
-            self.proto.write(json.dumps(msg) + "\n")
+            self.proto.write(event_line(event, **fields))
             self.proto.flush()
 
     # ---------------------------------------------------------------- entry
     def run(self, cfg, run_dir: Path, worker_pids: dict | None = None) -> dict:
         """Take part in one training run as this node's job; return a result for the launcher."""
-        from helpers import models
+        from helpers.data import arrays
+        from helpers.training import models
         from helpers.cluster import events, wire
 
         log = events.EventLog(run_dir, f"{self.job}-{self.task}")
         if self.job == "worker":  # its own shard of the training images only
             shard = (cfg.worker_ids.index(self.task), cfg.workers)
-            x_tr, y_tr, _, _, classes = models.load_arrays(cfg.data, cfg.train_size,
+            x_tr, y_tr, _, _, classes = arrays.load_arrays(cfg.data, cfg.train_size,
                                                            cfg.test_size, cfg.seed, shard, ("train",))
             data = (x_tr, y_tr)
         else:  # the PS and the evaluator only test
-            _, _, x_te, y_te, classes = models.load_arrays(cfg.data, cfg.train_size,
+            _, _, x_te, y_te, classes = arrays.load_arrays(cfg.data, cfg.train_size,
                                                            cfg.test_size, cfg.seed, images=("test",))
             data = (x_te, y_te)
         model = models.build(cfg.model, data[0].shape[1:], classes, cfg.seed)
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     if args.control:
-        from helpers.processes import die_with_parent
+        from helpers.system.processes import die_with_parent
 
         die_with_parent(args.parent_pid)
         proto = os.fdopen(os.dup(1), "w")  # the launcher's channel; fd 1 now goes to the log
@@ -124,7 +127,7 @@ def main(argv=None) -> int:
     from helpers.cluster.protocol import RunConfig, validate
 
     node = Node(cluster, args.job, args.task, proto)
-    node.say(event="ready", job=args.job, task=args.task, pid=os.getpid())
+    node.say(Event.READY, job=args.job, task=args.task, pid=os.getpid())
     print(f"{args.job}:{args.task} ready (pid {os.getpid()})", file=sys.stderr, flush=True)
     if args.run:
         body = json.loads(Path(args.run).read_text())
@@ -135,19 +138,19 @@ def main(argv=None) -> int:
         return 0
     for line in sys.stdin:  # EOF: the launcher is gone
         cmd = json.loads(line)
-        if cmd["cmd"] == "exit":
+        if cmd["cmd"] == Cmd.EXIT:
             break
         cfg = RunConfig.from_dict(json.loads(Path(cmd["config"]).read_text()))
         if (args.job == "worker" and node.task not in cfg.worker_ids) or (
                 args.job == "evaluator" and not cfg.evaluator):
-            node.say(event="done", run=cfg.run_id, result={"idle": True})
+            node.say(Event.DONE, run=cfg.run_id, result={"idle": True})
             continue
         try:
             result = node.run(cfg, Path(cmd["config"]).parent, cmd.get("worker_pids"))
-            node.say(event="done", run=cfg.run_id, result=result)
+            node.say(Event.DONE, run=cfg.run_id, result=result)
         except Exception as exc:  # reported to the launcher, which raises it with the log tail
             traceback.print_exc()
-            node.say(event="error", run=cfg.run_id, error=f"{type(exc).__name__}: {exc}")
+            node.say(Event.ERROR, run=cfg.run_id, error=f"{type(exc).__name__}: {exc}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """Live progress bars of a cluster run: PS updates, and steps of each worker."""
 from __future__ import annotations
 
+from helpers.cluster.events import Kind
+
 
 class RunProgress:
     """tqdm bars fed with the run's new events (see events.EventTail)."""
@@ -16,7 +18,7 @@ class RunProgress:
         """Count each PS update and each worker step among these events."""
         counts: dict[str, int] = {}
         for e in events:
-            if (e["source"], e["kind"]) == ("ps-0", "update") or e["kind"] == "step":
+            if (e["source"], e["kind"]) == ("ps-0", Kind.UPDATE) or e["kind"] == Kind.STEP:
                 counts[e["source"]] = counts.get(e["source"], 0) + 1
         for source, n in counts.items():
             if source in self.bars:

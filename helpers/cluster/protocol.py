@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 import math
 
-from helpers import compression  # its checks are plain Python; TF is imported only to compress
+from helpers.training.models import MODELS  # numpy only: TF is imported when a model is built
+from helpers.training import compression  # its checks are plain Python; TF is imported only to compress
 
 MODES = ("async", "sync", "ssp", "backup")
-MODELS = ("logreg", "lenet")
 STALE_POLICIES = ("drop", "fold")
 STRAGGLER_DISTS = ("exponential", "uniform")
 FAULT_KINDS = ("kill", "hang")

@@ -15,10 +15,12 @@ import time
 
 import numpy as np
 
-from helpers import compression, files, models
+from helpers import files
 from helpers.cluster import protocol
+from helpers.cluster.events import Kind
 from helpers.cluster.update import apply_update
 from helpers.cluster.wire import DEAD, WARMUP, WARMUP_TICKET, Applied, Header, Token
+from helpers.training import compression, models
 
 # async: applied updates the PS takes off its queue at a time (one dequeue, then one log line each)
 ASYNC_CHUNK = 16
@@ -55,7 +57,7 @@ class PSLoop:
             with np.load(ckpt_dir / latest["file"]) as f:
                 values = [f[f"w{i}"] for i in range(len(values))]
             self.version = int(latest["version"])
-            self.log.write("resume", version=self.version, file=latest["file"])
+            self.log.write(Kind.RESUME, version=self.version, file=latest["file"])
         for h, v in zip(res.vars, values):
             raw.AssignVariableOp(resource=h, value=tf.constant(v))
         for h, v in zip(res.velocity, values):  # momentum starts at rest, resumed runs too
@@ -93,7 +95,7 @@ class PSLoop:
             np.savez(tmp, **{f"w{i}": v for i, v in enumerate(self._values())})
         files.write_json(ckpt_dir / "latest.json", {"file": name, "version": self.version},
                          indent=1)
-        self.log.write("checkpoint", version=self.version, file=name)
+        self.log.write(Kind.CHECKPOINT, version=self.version, file=name)
         self.last_ckpt = self.version
         if self.cfg.evaluator:
             self.tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt,
@@ -119,7 +121,7 @@ class PSLoop:
                     continue
                 with self.lock:
                     self.alive.discard(w)
-                self.log.write("dead", worker=w, pid=pid)
+                self.log.write(Kind.DEAD, worker=w, pid=pid)
                 header = Header(worker=w, step=-1, version=-1, kind=DEAD)
                 comps = [tf.constant(header, tf.int64)] + [
                     tf.zeros(shape, dtype) for dtype, shape in self.res.wire]
@@ -145,7 +147,7 @@ class PSLoop:
         if not timeout or not live or time.monotonic() - max(self.last_heard.values()) < timeout:
             return False
         self.timed_out = True
-        self.log.write("timeout", silent_s=timeout, workers=sorted(live))
+        self.log.write(Kind.TIMEOUT, silent_s=timeout, workers=sorted(live))
         for handle in (self.res.grads, self.res.applied, self.res.join, self.res.done):
             self.tf.raw_ops.QueueCloseV2(handle=handle, cancel_pending_enqueues=True)
         return True
@@ -164,7 +166,7 @@ class PSLoop:
     def _fault(self):
         spec = self.cfg.faults.get("ps")
         if spec and self.version == spec["at"]:
-            self.log.write("fault", what=spec["kind"], version=self.version)
+            self.log.write(Kind.FAULT, what=spec["kind"], version=self.version)
             os.kill(os.getpid(), signal.SIGKILL if spec["kind"] == "kill" else signal.SIGSTOP)
 
     def _owe_tokens(self):
@@ -196,7 +198,7 @@ class PSLoop:
         watcher.start()
         mode = cfg.mode
         t0 = time.time()
-        self.log.write("start", mode=mode, workers=cfg.worker_ids, version=self.version)
+        self.log.write(Kind.START, mode=mode, workers=cfg.worker_ids, version=self.version)
         try:
             if mode == "async":  # one for each worker's warm-up push (worker.py, _warm_up)
                 self._tickets([WARMUP_TICKET] * len(cfg.worker_ids), [0.0] * len(cfg.worker_ids))
@@ -210,7 +212,7 @@ class PSLoop:
                                                        component_types=[tf.int64, tf.float32])
             with self.lock:
                 joined = sorted(self.alive)
-            self.log.write("joined", workers=joined)
+            self.log.write(Kind.JOINED, workers=joined)
             if mode == "ssp":
                 self._ssp_grants()
             else:
@@ -267,12 +269,19 @@ class PSLoop:
                     a = done.pop(self.version)
                     stale = protocol.staleness(a.version, a.ticket)
                     self.version += 1
-                    self.log.write("update", version=self.version, lr=lrs[a.ticket],
-                                   workers=[a.worker], steps=[a.step], versions=[a.version],
-                                   staleness=[stale], weights=[1.0], fresh=[stale == 0])
+                    self._log_update(lrs[a.ticket], [protocol.Push(a.worker, a.step, a.version)],
+                                     [stale], [1.0])
             if cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0:
                 self._checkpoint()
             self._fault()
+
+    def _log_update(self, lr, pushes, staleness, weights, fresh=None):
+        """Record the update just applied: its pushes, how stale each was, with what weight."""
+        self.log.write(Kind.UPDATE, version=self.version, lr=lr,
+                       workers=[p.worker for p in pushes], steps=[p.step for p in pushes],
+                       versions=[p.version for p in pushes], staleness=staleness,
+                       weights=weights,
+                       fresh=[s == 0 for s in staleness] if fresh is None else fresh)
 
     def _loop(self):
         """sync, SSP and backup: take each push off the queue and apply it by the mode's rules."""
@@ -301,9 +310,7 @@ class PSLoop:
             if agg is None:  # SSP
                 stale = protocol.staleness(version_read, self.version)
                 lr = self._apply([grads], [1.0])
-                self.log.write("update", version=self.version, lr=lr, workers=[worker],
-                               steps=[step], versions=[version_read], staleness=[stale],
-                               weights=[1.0], fresh=[stale == 0])
+                self._log_update(lr, [push], [stale], [1.0])
                 if mode == "ssp":
                     self.clock[worker] += 1
                     self._ssp_grants()
@@ -311,20 +318,16 @@ class PSLoop:
                 pushes[(worker, step)] = grads
                 update = agg.offer(push)
                 for p in agg.dropped:
-                    self.log.write("drop", worker=p.worker, step=p.step, version=p.version,
+                    self.log.write(Kind.DROP, worker=p.worker, step=p.step, version=p.version,
                                    staleness=self.version - p.version)
                     pushes.pop((p.worker, p.step))
                 agg.dropped.clear()
                 if update is not None:
                     lr = self._apply([pushes.pop((p.worker, p.step)) for p in update.pushes],
                                      update.weights)
-                    self.log.write(
-                        "update", version=self.version, lr=lr,
-                        workers=[p.worker for p in update.pushes],
-                        steps=[p.step for p in update.pushes],
-                        versions=[p.version for p in update.pushes],
-                        staleness=[before - p.version for p in update.pushes],
-                        weights=update.weights, fresh=update.fresh)
+                    self._log_update(lr, update.pushes,
+                                     [before - p.version for p in update.pushes],
+                                     update.weights, update.fresh)
                 self.waiting.append((worker, version_read))
                 self._owe_tokens()
             # after an update only: a push that updated nothing leaves the last checkpoint's
@@ -378,6 +381,6 @@ class PSLoop:
         for var, value in zip(self.model.trainable_variables, self._values()):
             var.assign(value)
         acc = models.accuracy(self.model, *self.test)
-        self.log.write("final", version=self.version, test_accuracy=acc, wall_s=time.time() - t0)
+        self.log.write(Kind.FINAL, version=self.version, test_accuracy=acc, wall_s=time.time() - t0)
         return {"test_accuracy": acc, "version": self.version}
 

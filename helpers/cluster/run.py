@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.cluster.events import read_events
+from helpers.cluster.events import Kind, read_events
 
 
 class Run:
@@ -30,8 +30,8 @@ class Run:
     def summary(self) -> dict:
         """Steps/s, staleness, test accuracy, bytes, CPU% and peak RSS per process."""
         ev = self.events
-        steps = ev[ev.kind == "step"]
-        updates = ev[ev.kind == "update"]
+        steps = ev[ev.kind == Kind.STEP]
+        updates = ev[ev.kind == Kind.UPDATE]
         span = (steps.t.max() - steps.t.min()) if len(steps) > 1 else float("nan")
         stale = [s for row in updates.staleness for s in row] if len(updates) else []
         return {
@@ -44,7 +44,7 @@ class Run:
             "updates_per_s": len(updates) / span if span else float("nan"),
             "staleness_mean": float(sum(stale) / len(stale)) if stale else float("nan"),
             "staleness_max": int(max(stale)) if stale else 0,
-            "dropped": int((ev.kind == "drop").sum()),
+            "dropped": int((ev.kind == Kind.DROP).sum()),
             "test_accuracy": self.test_accuracy,
             "bytes_pushed": int(steps.bytes_pushed.sum()),
             "bytes_pulled": int(steps.bytes_pulled.sum()),

@@ -18,13 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from helpers import files
-from helpers.cluster.netns import loopback_tx_bytes
+from helpers.system.control import Event, event_line
+from helpers.system.netns import loopback_tx_bytes
 
 # The engine's loader (same seeded subset and scaling) and accuracy (argmax over test batches).
-from helpers.models import accuracy, build, load_arrays
+from helpers.training.models import MODELS, accuracy, build
+from helpers.data.arrays import load_arrays
 
 KINDS = ("mwms", "ps", "server")
-MODELS = ("logreg", "lenet")
 
 
 def validate(job: dict, workers: int = 1) -> dict:
@@ -62,7 +63,7 @@ def run_mwms(job: dict) -> dict:
     import psutil
     import tensorflow as tf
 
-    from helpers.resources import ResourceMonitor
+    from helpers.system.resources import ResourceMonitor
 
     started = psutil.Process().create_time()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -71,7 +72,7 @@ def run_mwms(job: dict) -> dict:
     task, workers = tf_config["task"]["index"], len(tf_config["cluster"]["worker"])
     x, y, xt, yt, _ = load_arrays("mnist", job["train_size"], job["test_size"], job.get("seed", 0))
     job_start, results = time.time(), []
-    print(json.dumps({"event": "training"}), flush=True)  # for the launcher's log and tests
+    print(event_line(Event.TRAINING), end="", flush=True)  # for the launcher's log and tests
     for run in job["runs"]:
         with ResourceMonitor(interval=0.25) as monitor:
             result = train_mirrored(strategy, dict(job, **run), x, y, xt, yt, task, workers)
@@ -240,7 +241,7 @@ def run_ps(job: dict) -> dict:
 
 def write_mnist_rows(path: Path, train_size: int, seed: int = 0) -> Path:
     """Write label + 784 pixels per row as raw uint8, for a dataset_fn to read with TF ops."""
-    from helpers.data import load_mnist
+    from helpers.data.mnist import load_mnist
 
     (x, y), _ = load_mnist()
     order = np.random.default_rng(seed).permutation(len(x))[:train_size]
@@ -257,7 +258,7 @@ def run_server() -> None:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id, protocol="grpc", start=True)
-    print(json.dumps({"event": "ready"}), flush=True)
+    print(event_line(Event.READY), end="", flush=True)
     server.join()
 
 
@@ -265,7 +266,7 @@ def main(argv: list[str]) -> None:
     """Run the job file argv[0] in the role TF_CONFIG gives this process; argv[1], if given,
     is the launcher's PID: this task is SIGKILLed when the launcher dies (TF catches SIGTERM)."""
     if len(argv) > 1:
-        from helpers.processes import die_with_parent
+        from helpers.system.processes import die_with_parent
 
         die_with_parent(int(argv[1]), signal.SIGKILL)
     job = validate(json.loads(Path(argv[0]).read_text()))
@@ -273,7 +274,7 @@ def main(argv: list[str]) -> None:
         run_server()
         return
     result = run_mwms(job) if job["kind"] == "mwms" else run_ps(job)
-    print(json.dumps({"event": "done", "result": result}), flush=True)
+    print(event_line(Event.DONE, result=result), end="", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Each task runs `python -m helpers.cluster.strategies job.json` with its own TF_CONFIG environment
 variable, which tells it the cluster and its role. The process plumbing (free ports,
-dying with the parent, one process group each, log tails) is helpers/processes.py.
+dying with the parent, one process group each, log tails) is helpers/system/processes.py.
 
 Every launch leaves `launch.json` next to its task logs: when each task started, was ready,
 began its job and reported, when its process exited and how it ended (`Launch.phases()`
@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import config, files
-from helpers.cluster import netns
-from helpers.processes import (ChildProcess, NoResult, end_all, free_ports, log_tail,
-                               wait_for_results)
+from helpers.system import netns
+from helpers.system.processes import ChildProcess, NoResult, end_all, free_ports, log_tail, wait_for_results
 
 ROLES = ("chief", "worker", "ps")
 _COUNTER = itertools.count()
@@ -230,7 +229,7 @@ def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | 
         TFConfigError: a task failed or `timeout` seconds passed; every process is ended first,
             and the message has the task's log tail.
     """
-    from helpers.resources import ResourceMonitor
+    from helpers.system.resources import ResourceMonitor
 
     t0 = time.perf_counter()
     with TFConfigCluster(roles, job, servers, timeout, name, isolate=isolate) as cluster:

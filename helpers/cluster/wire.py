@@ -90,7 +90,7 @@ class Resources:
 
 def declare(tf, ps_device: str, cfg, shapes) -> Resources:
     """Declare (or find) the run's shared resources on the PS; same call in every process."""
-    from helpers import compression
+    from helpers.training import compression
 
     raw = tf.raw_ops
     prefix = f"{cfg.run_id}/"

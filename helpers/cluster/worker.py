@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from helpers import compression
+from helpers.training import compression
 from helpers.cluster import protocol
+from helpers.cluster.events import Kind
 from helpers.cluster.update import apply_update
-from helpers.cluster.wire import (GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket,
-                                  Token, pack_by_dtype, unpack)
+from helpers.cluster.wire import GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket, Token, pack_by_dtype, unpack
 
 
 WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
@@ -199,7 +199,7 @@ class WorkerLoop:
                                                components=[tf.constant(self.node.task, tf.int64)])
             while True:
                 if fault and step == fault["at"]:
-                    self.log.write("fault", what=fault["kind"], step=step)
+                    self.log.write(Kind.FAULT, what=fault["kind"], step=step)
                     os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill"
                             else signal.SIGSTOP)
                 wait_s = 0.0
@@ -224,7 +224,7 @@ class WorkerLoop:
                     wait_s = float(arrived) - t
                     compute_s -= wait_s
                 delay = self._delay(compute_s)
-                self.log.write("step", worker=self.node.task, step=step,
+                self.log.write(Kind.STEP, worker=self.node.task, step=step,
                                version_read=version_read, fetched=fetch,
                                pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
                                delay_s=delay, bytes_pulled=self.bytes if fetch else 0,
@@ -240,6 +240,6 @@ class WorkerLoop:
         with tf.device(self.node.ps):
             self.tf.raw_ops.QueueEnqueueV2(handle=self.res.done,
                                            components=[tf.constant(self.node.task, tf.int64)])
-        self.log.write("done", worker=self.node.task, steps=step)
+        self.log.write(Kind.DONE, worker=self.node.task, steps=step)
         return {"steps": step}
 

@@ -1,9 +1,11 @@
-"""Sample CPU% and memory (RSS; optionally PSS and USS) of processes while something runs."""
+"""Sample CPU% and memory (RSS; optionally PSS and USS) of processes while something runs,
+and the peak Python allocation of one call."""
 from __future__ import annotations
 
 import os
 import threading
 import time
+import tracemalloc
 
 import psutil
 
@@ -97,3 +99,14 @@ class ResourceMonitor:
                 out[pid]["peak_pss_mb"] = max(p for p, _ in self.full[pid]) / 2**20
                 out[pid]["peak_uss_mb"] = max(u for _, u in self.full[pid]) / 2**20
         return out
+
+
+def peak_memory_mb(fn) -> tuple[object, float]:
+    """Run fn() under tracemalloc; return (its result, peak Python allocation in MB)."""
+    tracemalloc.start()
+    try:
+        result = fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, peak / 2**20

@@ -7,18 +7,18 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from helpers.batches import batch_size_at, epoch_batches
-from helpers.models import accuracy
+from helpers.training.batches import batch_size_at, epoch_batches
+from helpers.training.models import accuracy
 
 
-def train(model, optimizer, loss_fn, train_data, test_data, epochs: int,
+def train_loop(model, optimizer, loss_fn, train_data, test_data, epochs: int,
           batch_size=100, overlap: float = 0.0, seed: int = 0) -> dict:
     """Train with minibatches from epoch_batches; stop early if the loss is not finite.
 
     Args:
         model: a Keras model mapping inputs to logits.
         optimizer: a Keras 3 optimizer (fresh: it builds its slots on first use).
-        loss_fn: loss(labels, logits) -> scalar (see helpers.losses.make_loss).
+        loss_fn: loss(labels, logits) -> scalar (see helpers.training.losses.make_loss).
         train_data, test_data: (x, y) NumPy arrays with integer labels.
         epochs: passes over the training data.
         batch_size: an int, or a growing schedule accepted by batch_size_at.

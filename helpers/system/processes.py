@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from helpers.system.control import Event
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -106,7 +108,7 @@ class ChildProcess:
             except ValueError:
                 pass
         self.eof_at = time.time()  # its stdout closed: it is exiting (or has exited)
-        inbox.put((self.name, {"event": "eof"}))
+        inbox.put((self.name, {"event": Event.EOF}))
 
     def send(self, msg: dict) -> None:
         """Write one JSON message to the child's stdin."""
@@ -194,10 +196,10 @@ def wait_for_results(procs: dict[str, ChildProcess], inbox: queue.Queue, names,
             name, msg = inbox.get(timeout=0.2)
         except queue.Empty:
             name, msg = None, {}
-        if msg.get("event") == "done" and name in waiting:
+        if msg.get("event") == Event.DONE and name in waiting:
             results[name] = msg["result"]
             waiting.discard(name)
-        elif msg.get("event") == "eof" and name not in results:  # stdout closed: it is ending
+        elif msg.get("event") == Event.EOF and name not in results:  # stdout closed: it is ending
             procs[name].popen.wait()
             raise NoResult(name, procs[name].died(), sorted(waiting))
         if waiting and time.monotonic() > deadline:

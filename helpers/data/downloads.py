@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tarfile
 import tempfile
 import urllib.error
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import config
+from helpers.files import atomic_path
 
 CHUNK = 1 << 20
 
@@ -182,13 +182,10 @@ def download(ds: Dataset, dest: Path, timeout: float | None = None,
         stream, length = _open_source(src, timeout)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise _unavailable(ds, src, getattr(exc, "reason", exc), put_at or dest) from exc
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_path(dest, ".part") as tmp:
         digest, got = hashlib.sha256(), 0
         expected_len = length or ds.size
-        with stream, os.fdopen(fd, "wb") as out, tqdm(
+        with stream, open(tmp, "wb") as out, tqdm(
             total=expected_len, unit="B", unit_scale=True, desc=ds.filename, leave=False
         ) as bar:
             try:
@@ -213,10 +210,7 @@ def download(ds: Dataset, dest: Path, timeout: float | None = None,
                 f"{digest.hexdigest()}) for the file from {src}; nothing was cached. "
                 f"Check LABS_DATA_MIRROR or download {ds.url} by hand to {dest}"
             )
-        os.replace(tmp, dest)
-        return dest
-    finally:
-        tmp.unlink(missing_ok=True)
+    return dest
 
 
 def fetch(name_or_ds: str | Dataset) -> Path:
@@ -266,12 +260,8 @@ def _fetch_archive(ds: Dataset, cache: Path) -> Path:
             archive = by_hand
         else:
             archive = download(ds, Path(tmp) / ds.filename, put_at=by_hand)
-        staged = Path(tmp) / "extracted"
-        staged.mkdir()
-        _extract_members(ds, archive, staged)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staged, folder)
+        with atomic_path(folder, directory=True) as staged:
+            _extract_members(ds, archive, staged)
     return folder
 
 

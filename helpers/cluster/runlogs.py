@@ -1,29 +1,30 @@
 """Turn a cluster Run's event logs into the tables and curves notebooks 05 and 06 plot.
 
 Everything here reads what the cluster's processes wrote (runs/<run-id>/*.jsonl and the
-PS's checkpoints); nothing is simulated. `one_process` is the no-cluster baseline: the
-same model, data and SGD in this process.
+PS's checkpoints); nothing is simulated. The no-cluster baseline they are compared with is
+helpers.training.baseline_sgd.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from helpers.cluster.events import Kind
+
 
 def _start_time(run) -> float:
     """Wall time at which training started: the PS's 'joined' event (all workers warm)."""
     ev = run.events
-    joined = ev[ev.kind == "joined"]
+    joined = ev[ev.kind == Kind.JOINED]
     return float(joined.t.iloc[0] if len(joined) else ev.t.min())
 
 
 def steps(run) -> pd.DataFrame:
     """Worker steps with `elapsed` seconds since training started."""
     ev = run.events
-    st = ev[ev.kind == "step"].copy()
+    st = ev[ev.kind == Kind.STEP].copy()
     st["elapsed"] = st.t - _start_time(run)
     st["worker"] = st.worker.astype(int)
     return st.reset_index(drop=True)
@@ -32,7 +33,7 @@ def steps(run) -> pd.DataFrame:
 def updates(run) -> pd.DataFrame:
     """PS updates with `elapsed` seconds and the mean training loss of recent worker steps."""
     ev = run.events
-    up = ev[ev.kind == "update"].copy()
+    up = ev[ev.kind == Kind.UPDATE].copy()
     up["elapsed"] = up.t - _start_time(run)
     return up.reset_index(drop=True)
 
@@ -72,7 +73,7 @@ def resource_table(run) -> pd.DataFrame:
 
     RSS counts TensorFlow's shared libraries in every process that maps them; PSS splits
     each shared page between those processes, so the processes' PSS add up to what they
-    use together; USS is what only this process uses (see helpers.resources).
+    use together; USS is what only this process uses (see helpers.system.resources).
     Bytes count tensor payload: a pull is every float32 parameter, a push every float32
     gradient plus a 32-byte header. gRPC framing and TF's own control traffic are not in it.
     """
@@ -99,11 +100,11 @@ def eval_curve(run) -> pd.DataFrame:
     how much later the evaluator got to it. Needs LocalCluster(evaluator=True).
     """
     ev = run.events
-    if "eval" not in set(ev.kind):
+    if Kind.EVAL not in set(ev.kind):
         raise ValueError(f"run {run.config.run_id} has no evaluator events: start the cluster "
                          "with LocalCluster(..., evaluator=True)")
-    ckpts = ev[ev.kind == "checkpoint"][["t", "version"]]
-    evals = ev[ev.kind == "eval"][["t", "version", "test_accuracy"]]
+    ckpts = ev[ev.kind == Kind.CHECKPOINT][["t", "version"]]
+    evals = ev[ev.kind == Kind.EVAL][["t", "version", "test_accuracy"]]
     curve = evals.merge(ckpts, on="version", suffixes=("_eval", "_ckpt"))
     curve["elapsed"] = curve.t_ckpt - _start_time(run)
     curve["lag_s"] = curve.t_eval - curve.t_ckpt
@@ -118,14 +119,15 @@ def test_curve(run) -> pd.DataFrame:
     Needs a run trained with checkpoint_every > 0. The checkpoints are evaluated here, in
     this process, on the run's own test set, after the run.
     """
-    from helpers import models
+    from helpers.data import arrays
+    from helpers.training import models
 
     cfg = run.config
     ev = run.events
-    ckpts = ev[ev.kind == "checkpoint"]
+    ckpts = ev[ev.kind == Kind.CHECKPOINT]
     if not len(ckpts):
         raise ValueError(f"run {cfg.run_id} has no checkpoints: train with checkpoint_every > 0")
-    _, _, x_te, y_te, _ = models.load_arrays(cfg.data, 1, cfg.test_size, cfg.seed)
+    _, _, x_te, y_te, _ = arrays.load_arrays(cfg.data, 1, cfg.test_size, cfg.seed)
     classes = int(y_te.max()) + 1
     model = models.build(cfg.model, x_te.shape[1:], classes, cfg.seed)
     start, rows = _start_time(run), []
@@ -159,60 +161,3 @@ def updates_to_accuracy(curve: pd.DataFrame, target: float) -> float:
     return _first_hit(curve, target, "version")
 
 
-def one_process(model: str = "logreg", data: str = "mnist", steps: int = 200,
-                batch_size: int = 64, lr: float = 0.1, train_size: int | None = 6000,
-                test_size: int | None = 2000, seed: int = 0, compress=None) -> dict:
-    """Train the same model on the same data with plain SGD in this process: the baseline.
-
-    Args:
-        compress: optional compressor from helpers.compression, applied to each gradient
-            before the update, as a worker would before pushing it.
-    Returns:
-        {"losses": per-step training loss, "elapsed": seconds at each step,
-         "test_accuracy": final accuracy, "steps_per_s": throughput,
-         "bytes_per_push": payload of one (compressed) gradient push}.
-    """
-    import keras
-    import tensorflow as tf
-
-    from helpers import models
-
-    x_tr, y_tr, x_te, y_te, classes = models.load_arrays(data, train_size, test_size, seed)
-    net = models.build(model, x_tr.shape[1:], classes, seed)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    shapes = [tuple(v.shape) for v in net.trainable_variables]
-    if compress is None:
-        from helpers.compression import Float32
-
-        compress = Float32()
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, net(x, training=True))
-        grads = compress(tape.gradient(loss, net.trainable_variables))
-        for var, g in zip(net.trainable_variables, grads):
-            var.assign_sub(lr * g)
-        return loss
-
-    rng = np.random.default_rng([seed, 0])
-    order, pos = rng.permutation(len(x_tr)), 0
-    initial = [v.numpy() for v in net.trainable_variables]
-    step(x_tr[:batch_size], y_tr[:batch_size])  # trace outside the clock, as the workers do
-    for var, value in zip(net.trainable_variables, initial):
-        var.assign(value)
-    for r in getattr(compress, "residual", None) or []:  # the tracing step's error feedback
-        r.assign(tf.zeros_like(r))
-    losses, elapsed = [], []
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        if pos + batch_size > len(x_tr):
-            order, pos = rng.permutation(len(x_tr)), 0
-        idx = order[pos:pos + batch_size]
-        pos += batch_size
-        losses.append(float(step(x_tr[idx], y_tr[idx])))
-        elapsed.append(time.perf_counter() - t0)
-    return {"losses": np.array(losses), "elapsed": np.array(elapsed),
-            "test_accuracy": models.accuracy(net, x_te, y_te),
-            "steps_per_s": steps / elapsed[-1], "bytes_per_push": compress.bytes_for(shapes)}

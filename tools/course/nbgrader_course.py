@@ -1,24 +1,7 @@
-"""The collection as an nbgrader course: a student release, and autograding into a gradebook.
-
-    python tools/course.py release [--course build/course]
-    python tools/course.py grade SUBMISSIONS [--course build/course] [--full] [--timeout 600]
-
-Each lesson notebook is one nbgrader assignment of one notebook (id = its file stem, e.g.
-`01_doc2vec_dbpedia`), so a course can release them one at a time and a broken notebook costs
-only its own points. The lessons already carry nbgrader's cell metadata and BEGIN/END SOLUTION
-and HIDDEN TESTS regions; the points of every test cell are set here, in POINTS, and written
-into the course's source copies.
-
-The work is nbgrader's: generate_assignment, autograde, generate_feedback, and its SQLite
-gradebook, which grades.csv is read back from. Ours (here and in tools/grading.py) is only
-what nbgrader lacks for a class handing in files: finding each student's notebooks in a folder
-(renamed ones too), setting aside notebooks that are not valid JSON, putting back test cells a
-student deleted, one process per (student, notebook) with a wall-clock limit, grading again
-without a cell that killed the kernel, and ending every process a submission started, by PID.
-"""
+"""The course folder nbgrader works in: its config, the points, the gradebook, and running
+nbgrader; and ending every process a submission started, by PID."""
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -26,14 +9,11 @@ import sys
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import nbformat
+import psutil
 
-import nbformat  # noqa: E402
-import psutil  # noqa: E402
-
-import helpers  # noqa: E402,F401  (quiets TensorFlow in every kernel: they inherit os.environ)
-from tools.notebooks import notebook_paths, read  # noqa: E402
+import helpers  # noqa: F401  (quiets TensorFlow in every kernel: they inherit os.environ)
+from helpers.config import REPO_ROOT as ROOT
 
 COURSE_ID = "scaling-ml-labs"
 DEFAULT_COURSE = ROOT / "build" / "course"
@@ -175,57 +155,3 @@ def end_processes(token: str, proc: subprocess.Popen | None = None) -> list[int]
     if proc is not None:
         proc.wait()
     return [p.pid for p in found]
-
-
-def release(course: Path = DEFAULT_COURSE, src: Path | None = None, timeout: int = 600
-            ) -> list[Path]:
-    """Write the course folder: source/ with points, release/ for students; their paths."""
-    course = Path(course).resolve()  # nbgrader reads the root relative to the course folder
-    course.mkdir(parents=True, exist_ok=True)
-    write_config(course, timeout)
-    released = []
-    for path in notebook_paths(src) if src else notebook_paths():
-        if not nbgrader_cells(read(path)):
-            continue  # no exercises: nothing to grade (the index)
-        source = course / "source" / path.stem / path.name
-        source.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(with_points(read(path)), str(source))
-        status, log = nbgrader(course, "generate_assignment", path.stem, "--force",
-                               log=course / "logs" / f"release-{path.stem}.log")
-        target = course / "release" / path.stem / path.name
-        if status != 0 or not target.is_file():
-            raise RuntimeError(f"nbgrader generate_assignment {path.stem} failed ({status}):\n"
-                               + "\n".join(log.splitlines()[-15:]))
-        released.append(target)
-    return released
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("release", "grade"):
-        p = sub.add_parser(name)
-        p.add_argument("--course", type=Path, default=DEFAULT_COURSE)
-        p.add_argument("--timeout", type=int, default=600,
-                       help="seconds a single cell may run before it is interrupted")
-        if name == "grade":
-            p.add_argument("submissions", type=Path)
-            p.add_argument("--full", action="store_true", help="run the notebooks in full mode")
-    args = parser.parse_args(argv)
-    if args.command == "release":
-        for path in release(args.course, timeout=args.timeout):
-            print(f"released {path}")
-        return 0
-    from tools.grading import grade
-
-    try:
-        grade(args.submissions, args.course, quick=not args.full, timeout=args.timeout)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:  # RuntimeError: a lesson's
-        print(f"make grade: {exc}", file=sys.stderr)  # own reference run failed
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

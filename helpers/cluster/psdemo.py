@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 
-from helpers.cluster import netns
-from helpers.processes import child_setup, die_with_parent, free_ports
+from helpers.system import netns
+from helpers.system.processes import child_setup, die_with_parent, free_ports
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
 MAILBOX = "demo/mailbox"  # shared_name of a PS queue of messages
@@ -62,8 +62,8 @@ def _say(**msg) -> None:
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    """Start `python -m helpers.psdemo ARGS` in this process group, dying with its parent."""
-    return subprocess.Popen([sys.executable, "-m", "helpers.psdemo", *args],
+    """Start `python -m helpers.cluster.psdemo ARGS` in this process group, dying with its parent."""
+    return subprocess.Popen([sys.executable, "-m", "helpers.cluster.psdemo", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
                             preexec_fn=child_setup)
 
@@ -119,7 +119,7 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     isolated = network.start().isolated
     # in a private namespace every port is free; outside, ask the kernel for one
     port = 2222 if isolated else free_ports(1)[0]
-    cmd = network.prefix + [sys.executable, "-m", "helpers.psdemo", "drive", "--port", str(port),
+    cmd = network.prefix + [sys.executable, "-m", "helpers.cluster.psdemo", "drive", "--port", str(port),
                             "--parent-pid", str(os.getpid())]
     try:
         driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -149,7 +149,7 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    """Entry point of the demo's processes: `python -m helpers.psdemo drive|ps|client`."""
+    """Entry point of the demo's processes: `python -m helpers.cluster.psdemo drive|ps|client`."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("role", choices=["drive", "ps", "client"])
     p.add_argument("--port", type=int, required=True)

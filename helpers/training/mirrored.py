@@ -7,14 +7,14 @@ with faulthandler stacks of the crashed processes): under a strategy, Keras' `ev
 `fit` first pull one batch through a fresh distributed iterator and drop it at once, and
 dropping it while its prefetch is in flight lets a TF thread run through freed memory. So the
 test accuracy here comes from plain forward passes (`models.accuracy`), not `evaluate`. And
-every configuration runs in its own process (`python -m helpers.mirrored job.json`): it sets up
+every configuration runs in its own process (`python -m helpers.training.mirrored job.json`): it sets up
 exactly the devices it needs, trains, measures its own CPU% and peak memory, and prints one
 JSON line. A process killed by a signal costs one configuration: it is reported with its
 Python stack (faulthandler) and run once more. The process plumbing (dying with the parent,
-one process group, log tails) is helpers/processes.py.
+one process group, log tails) is helpers/system/processes.py.
 
-What the lesson is about, the strategy and its scope, is `train` below: short enough to read
-with `mirrored.train??`.
+What the lesson is about, the strategy and its scope, is `train_one_config` below: short
+enough to read with `mirrored.train_one_config??`.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import sys
 import time
 
 from helpers import config
+from helpers.system.control import Event, event_line
 
 EVALUATE = ("epoch", "end")
 
@@ -128,13 +129,14 @@ def job(replicas: int, optimizer, batches, n: int, evaluate: str = "end", test_s
             "evaluate": evaluate, "test_size": test_size, "seed": seed, "warmup": warmup}
 
 
-def train(spec: dict) -> dict:
+def train_one_config(spec: dict) -> dict:
     """Run one configuration in this process; return its timings, accuracies and resource use."""
     strategy = strategy_over(configure_devices(spec["replicas"]))  # before any other TF op
     import keras
 
-    from helpers.models import accuracy, build, load_arrays
-    from helpers.resources import ResourceMonitor
+    from helpers.training.models import accuracy, build
+    from helpers.data.arrays import load_arrays
+    from helpers.system.resources import ResourceMonitor
 
     config.set_seed(spec["seed"])
     x, y, xt, yt, _ = load_arrays("mnist", spec["n"], spec["test_size"], spec["seed"])  # these rows
@@ -178,7 +180,7 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
         MirroredRunError: the last attempt failed, or one ran past `timeout` seconds; the
             message has the signal or exit code and the tail of the child's log.
     """
-    from helpers.processes import ChildProcess, NoResult, log_tail, wait_for_results
+    from helpers.system.processes import ChildProcess, NoResult, log_tail, wait_for_results
 
     folder = config.runs_dir("mirrored")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
@@ -188,7 +190,7 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
     for attempt in range(1, retries + 2):
         inbox: queue.Queue = queue.Queue()
         log = folder / f"{name}-{os.getpid()}-{attempt}.log"
-        child = ChildProcess(name, [sys.executable, "-m", "helpers.mirrored", str(job_file)],
+        child = ChildProcess(name, [sys.executable, "-m", "helpers.training.mirrored", str(job_file)],
                              dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox)
         try:
             result = wait_for_results({name: child}, inbox, [name], timeout)[name]
@@ -214,7 +216,7 @@ def main(argv: list[str]) -> None:
     faulthandler.enable(all_threads=True)  # a crash prints every thread's Python stack to the log
     spec = json.loads(open(argv[0]).read())
     _inject_fault(spec)
-    print(json.dumps({"event": "done", "result": train(spec)}), flush=True)
+    print(event_line(Event.DONE, result=train_one_config(spec)), end="", flush=True)
 
 
 if __name__ == "__main__":

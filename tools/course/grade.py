@@ -1,12 +1,11 @@
 """Autograde a class's submissions with nbgrader, one process per (student, notebook).
 
-`python tools/course.py grade SUBMISSIONS` (or `make grade SUBMISSIONS=...`) calls `grade`.
+`python -m tools.course grade SUBMISSIONS` (or `make grade SUBMISSIONS=...`) calls `grade`.
 nbgrader does the grading and keeps the gradebook; this module is what it lacks for a class
-handing in files (see tools/course.py), and reads grades.csv back from nbgrader's database.
+handing in files (see tools/course/__init__.py).
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import os
 import shutil
@@ -14,15 +13,16 @@ import subprocess
 import sys
 import time
 import uuid
-import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from tools.course import (DEFAULT_COURSE, KILLED, ROOT, end_processes, grade_id, gradebook,
-                          nbgrader, nbgrader_cells, release, with_points)
 from helpers.files import atomic_path
+from tools.course.nbgrader_course import (DEFAULT_COURSE, KILLED, ROOT, end_processes, gradebook,
+                                          nbgrader, nbgrader_cells, with_points)
+from tools.course.release import release
+from tools.course.report import cell_errors, gradebook_rows, write_report
+from tools.course.submissions import find_submissions, repair
 from tools.notebooks import NOTEBOOK_DIR, read
 
 # What a lesson reads from an earlier one: {notebook: [(earlier notebook, path under runs/)]}.
@@ -32,134 +32,6 @@ from tools.notebooks import NOTEBOOK_DIR, read
 NEEDS: dict[str, list[tuple[str, str]]] = {
     "02_logreg_lr_schedules": [("01_doc2vec_dbpedia", "features/doc2vec_dbpedia")],
 }
-
-# How a cell's error reads in the report: an interrupted cell is one that ran past the timeout.
-_ERROR_NAMES = {"KeyboardInterrupt": "ran past the timeout and was interrupted",
-                "CellTimeoutError": "ran past the timeout and was interrupted"}
-
-
-@dataclass
-class Found:
-    """What was handed in for one (student, notebook), and what was done about it."""
-    path: Path | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-def find_submissions(student_dir: Path, notebooks: dict[str, object]) -> dict[str, Found]:
-    """Each lesson's notebook in a student's folder (any depth), by assignment id.
-
-    A notebook under another name is matched by the grade ids of its cells; a file that is
-    not a notebook is reported and graded as missing.
-    """
-    found = {nb_id: Found() for nb_id in notebooks}
-    strays = []
-    for path in sorted(student_dir.rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
-        if path.stem in found and found[path.stem].path is None:
-            found[path.stem].path = path
-        else:
-            strays.append(path)
-    for path in strays:
-        try:
-            ids = set(nbgrader_cells(nbformat.read(str(path), as_version=4)))
-        except Exception:  # not a notebook at all: reported below if it is a lesson's name
-            ids = set()
-        owner = next((nb_id for nb_id, cells in notebooks.items()
-                      if ids & set(cells) and found[nb_id].path is None), None)
-        if owner:
-            found[owner].path = path
-            found[owner].notes.append(f"graded {path.name} as {owner}.ipynb (renamed)")
-    for nb_id, f in found.items():
-        if f.path is None:
-            continue
-        try:
-            with warnings.catch_warnings():  # cells without ids: fixed on writing, not an error
-                warnings.simplefilter("ignore", nbformat.validator.MissingIDFieldWarning)
-                nbformat.validate(nbformat.read(str(f.path), as_version=4))
-        except Exception as exc:  # nbformat raises JSON, schema and encoding errors alike
-            what = str(exc).strip().splitlines()[0][:120]
-            f.notes.append(f"{f.path.name} is not a valid notebook ({what}): 0 points")
-            f.path = None
-    return found
-
-
-def repair(nb, reference) -> list[str]:
-    """Put back the release's nbgrader cells a student deleted; what was put back.
-
-    A deleted test cell would make nbgrader fail the whole notebook; put back, it grades
-    what the student did (nbgrader then overwrites every locked cell from the source anyway).
-    """
-    have = set(nbgrader_cells(nb))
-    restored = []
-    for i, cell in enumerate(reference.cells):
-        if grade_id(cell) is None or grade_id(cell) in have:
-            continue
-        before = [grade_id(c) for c in reference.cells[:i]]
-        ids = [grade_id(c) for c in nb.cells]
-        anchor = max((ids.index(g) for g in before if g in ids), default=len(nb.cells) - 1)
-        nb.cells.insert(anchor + 1, nbformat.from_dict(cell))
-        restored.append(grade_id(cell))
-    return restored
-
-
-def _heading(cells, index: int) -> str:
-    """The nbgrader id of cell `index`, or the last '## ' heading above it."""
-    if grade_id(cells[index]):
-        return grade_id(cells[index])
-    for cell in reversed(cells[:index]):
-        if cell.cell_type == "markdown":
-            found = [l.lstrip("#").strip() for l in cell.source.splitlines() if l.startswith("#")]
-            if found:
-                return f'"{found[-1]}"'
-    return "the top of the notebook"
-
-
-def _error(cell) -> dict | None:
-    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-
-
-def _describe(error: dict) -> str:
-    name = error.get("ename", "error")
-    if name in _ERROR_NAMES:
-        return _ERROR_NAMES[name]
-    value = " ".join(str(error.get("evalue", "")).split())
-    return f"raised {name}: {value[:160]}" if value else f"raised {name}"
-
-
-def cell_errors(autograded: Path, mark: bool = True) -> list[str]:
-    """Which solution and test cells raised in an autograded notebook, and why.
-
-    A cell that failed after a cell it may depend on had failed (a lesson cell, or the
-    exercise's own solution; not another exercise's cells) names the first such failure: its
-    heading or grade id and the last line of its error. With `mark`, the same sentence is added
-    to the failing cell's outputs, so the student's feedback page says it too.
-    """
-    if not autograded.is_file():
-        return []
-    nb = read(autograded)
-    failed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _error(c)]
-    out = []
-    for i in failed:
-        gid = grade_id(nb.cells[i])
-        if gid is None:
-            continue
-        own = gid.rsplit("-", 1)[0] + "-solution"
-        causes = [j for j in failed if j < i and grade_id(nb.cells[j]) in (None, own)]
-        name = _error(nb.cells[i]).get("ename", "error")
-        line = f"{gid}: {_ERROR_NAMES.get(name, name)}"
-        if causes:
-            first = causes[0]
-            cause = (f"after cell {first} {_heading(nb.cells, first)} "
-                     f"{_describe(_error(nb.cells[first]))}")
-            line += f", {cause}"
-            if mark:
-                nb.cells[i].outputs.append(nbformat.v4.new_output(
-                    "stream", name="stderr", text=f"This cell failed {cause}.\n"))
-        out.append(line)
-    if mark and out:
-        nbformat.write(nb, str(autograded))
-    return out
 
 
 def forget_submission(course: Path, assignment: str, student: str) -> None:
@@ -183,31 +55,6 @@ def has_submission(course: Path, assignment: str, student: str) -> bool:
         except MissingEntry:
             return False
     return True
-
-
-def gradebook_rows(course: Path, students: list[str], assignments: list[str]) -> list[dict]:
-    """(student, notebook, exercise, points, max points) for every test cell, from the gradebook."""
-    from nbgrader.api import MissingEntry
-
-    rows = []
-    with gradebook(course) as gb:
-        for student in students:
-            for assignment in assignments:
-                try:
-                    grades = gb.find_submission_notebook(assignment, assignment, student).grades
-                except MissingEntry:
-                    grades = None
-                if grades is None:  # never graded: every test cell scores 0
-                    cells = gb.find_notebook(assignment, assignment).grade_cells
-                    pairs = [(c.name, 0.0, c.max_score) for c in cells]
-                else:
-                    pairs = [(g.cell.name, g.score, g.max_score) for g in grades
-                             if g.cell.name.endswith("-test")]
-                for name, score, max_score in sorted(pairs):
-                    rows.append({"student": student, "notebook": assignment,
-                                 "exercise": name.removesuffix("-test"),
-                                 "points": float(score or 0), "max_points": float(max_score)})
-    return rows
 
 
 def autograde(course: Path, assignment: str, student: str, nb, target: Path, env: dict,
@@ -358,19 +205,5 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
         nbgrader(course, "generate_feedback", "*", "--student", student, "--force",
                  log=course / "logs" / f"feedback-{student}.log")
     rows = gradebook_rows(course, students, assignments)
-    with atomic_path(course / "grades.csv") as tmp, open(tmp, "w", newline="") as out:
-        writer = csv.DictWriter(out, ["student", "notebook", "exercise", "points", "max_points"])
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = []
-    for student, a, seconds, notes in report:
-        got = sum(r["points"] for r in rows if r["student"] == student and r["notebook"] == a)
-        top = sum(r["max_points"] for r in rows if r["student"] == student and r["notebook"] == a)
-        lines.append(f"{student:16s} {a:34s} {got:5.1f} / {top:4.1f}  {seconds:6.1f} s")
-        lines += [f"{'':18s}- {note}" for note in notes]
-    with atomic_path(course / "report.txt") as tmp:
-        tmp.write_text("\n".join(lines) + "\n")
-    for line in lines:
-        say(line)
-    say(f"grades: {course / 'grades.csv'}; feedback: {course / 'feedback'}/<student>/<notebook>/")
+    write_report(course, rows, report, say)
     return rows

@@ -1,4 +1,4 @@
-"""Loaders for MNIST and DBpedia-14, from the verified cache (see downloads.py)."""
+"""DBpedia-14 from the verified cache (see downloads.py): rows, samples, and a streaming corpus."""
 from __future__ import annotations
 
 import csv
@@ -8,56 +8,14 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from helpers.downloads import DataError, fetch
+from helpers.data.downloads import DataError, fetch
 
 DBPEDIA_N_CLASSES = 14
 
 
 # --------------------------------------------------------------------------- MNIST
 
-def load_mnist():
-    """Load MNIST as Keras does: ((x_train, y_train), (x_test, y_test)), uint8 arrays."""
-    with np.load(fetch("mnist")) as f:
-        return (f["x_train"], f["y_train"]), (f["x_test"], f["y_test"])
 
-
-def load_mnist_rows(split: str, rows) -> np.ndarray:
-    """Only these rows of MNIST's images (uint8, shape (len(rows), 28, 28)), in this order.
-
-    The images are streamed out of the compressed .npz in 1 MB chunks, so the whole split
-    (47 MB for train) is never in memory at once: the cluster's processes each need a few
-    thousand rows, and a full decompression added ~56 MB to every process's peak memory.
-    """
-    import zipfile
-
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    rows = np.asarray(rows, dtype=np.int64)
-    with zipfile.ZipFile(fetch("mnist")) as z, z.open(f"x_{split}.npy") as f:
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(f)]
-        shape, fortran, dtype = read_header(f)
-        if fortran or dtype != np.uint8 or len(shape) != 3:
-            raise DataError(f"unexpected MNIST array x_{split}: {shape} {dtype}; re-download it")
-        if len(rows) and not (0 <= rows.min() and rows.max() < shape[0]):
-            raise ValueError(f"rows must be in [0, {shape[0]}), got {rows.min()}..{rows.max()}")
-        row_bytes = int(np.prod(shape[1:]))
-        out = np.empty((len(rows), *shape[1:]), np.uint8)
-        by_row = np.argsort(rows, kind="stable")  # positions in `out`, sorted by row number
-        sorted_rows, i = rows[by_row], 0
-        per_chunk = max(1, 2**20 // row_bytes)
-        for start in range(0, shape[0], per_chunk):
-            count = min(per_chunk, shape[0] - start)
-            if i >= len(rows):
-                break
-            chunk = np.frombuffer(f.read(count * row_bytes), np.uint8).reshape(count, *shape[1:])
-            j = np.searchsorted(sorted_rows, start + count, side="left")
-            out[by_row[i:j]] = chunk[sorted_rows[i:j] - start]
-            i = j
-    return out
-
-
-# --------------------------------------------------------------------------- DBpedia
 
 class DbpediaRow(NamedTuple):
     line: int  # 1-based line number in the CSV
@@ -199,3 +157,72 @@ def train_dev_split(labels, dev_fraction: float = 0.1, seed: int = 0):
     dev_idx = np.sort(np.concatenate(dev)) if dev else np.array([], dtype=np.int64)
     train_idx = np.setdiff1d(np.arange(len(labels)), dev_idx)
     return train_idx, dev_idx
+
+
+SPLITS = ("train", "dev", "test")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case a text and split it into words of 2..20 letters (gensim simple_preprocess)."""
+    from gensim.utils import simple_preprocess  # gensim only where text is tokenised
+
+    return simple_preprocess(text, min_len=2, max_len=20)
+
+
+def sample_lines(split: str, n_per_class: int | None = None, seed: int = 0) -> np.ndarray:
+    """CSV line numbers of a stratified sample of a split (all lines when n_per_class is None).
+
+    Streams only the labels, as `load_dbpedia` would draw them.
+    """
+    check_n_per_class(n_per_class)  # before the file is read
+    rows = [(r.line, r.label) for r in iter_dbpedia(split)]
+    lines = np.array([line for line, _ in rows], dtype=np.int64)
+    if n_per_class is None:
+        return lines
+    labels = np.array([label for _, label in rows], dtype=np.int64)
+    return lines[stratified_sample(labels, n_per_class, seed)]
+
+
+class DbpediaCorpus:
+    """Tokenised articles of one split, re-read from the CSV on every pass.
+
+    Each pass yields TaggedDocument(words, [k]) with k = 0, 1, ... in file order, so a
+    Doc2Vec model's `dv[k]` is the k-th document. Only the line numbers to keep are held
+    in memory, never the text.
+
+    Args:
+        split: "train" or "test".
+        lines: CSV line numbers to keep (e.g. from `sample_lines`); None keeps all.
+    """
+
+    def __init__(self, split: str, lines=None):
+        self.split = split
+        self.lines = None if lines is None else np.unique(np.asarray(lines, dtype=np.int64))
+        if self.lines is not None and len(self.lines) == 0:
+            raise ValueError(f"lines selects no document of {split!r}: pass None or a non-empty list")
+        self._len = None if self.lines is None else len(self.lines)
+
+    def rows(self):
+        """Yield the selected DbpediaRow tuples, streaming the file."""
+        wanted = None if self.lines is None else set(self.lines.tolist())
+        for row in iter_dbpedia(self.split):
+            if wanted is None or row.line in wanted:
+                yield row
+
+    def __iter__(self):
+        from gensim.models.doc2vec import TaggedDocument
+
+        for k, row in enumerate(self.rows()):
+            yield TaggedDocument(tokenize(row.content), [k])
+
+    def __len__(self):
+        if self._len is None:
+            self._len = sum(1 for _ in self.rows())
+        return self._len
+
+    def labels(self) -> np.ndarray:
+        """The labels 0..13 of the selected documents, in corpus order."""
+        return np.fromiter((r.label for r in self.rows()), dtype=np.int64)
+
+    def __repr__(self):
+        return f"DbpediaCorpus({self.split!r}, {len(self)} documents)"

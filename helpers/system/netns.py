@@ -24,7 +24,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from helpers.processes import child_setup
+from helpers.system.processes import child_setup
 
 _WARNED = False  # warn about exposed ports once per Python process
 

@@ -1,0 +1,73 @@
+"""Train Doc2Vec on a streamed corpus (helpers.data.dbpedia) with a progress bar; infer vectors."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from gensim.models.callbacks import CallbackAny2Vec
+from gensim.models.doc2vec import Doc2Vec
+
+
+class _EpochBar(CallbackAny2Vec):
+    """Advance a tqdm bar once per epoch and show the training speed in words/s."""
+
+    def __init__(self, bar, words_per_epoch: int):
+        self.bar, self.words, self.t0 = bar, words_per_epoch, None
+
+    def on_epoch_begin(self, model):
+        self.t0 = time.perf_counter()
+
+    def on_epoch_end(self, model):
+        rate = self.words / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(f"{rate / 1e3:,.0f}k words/s")
+        self.bar.update(1)
+
+
+def train_doc2vec(corpus, *, dm: int, vector_size: int, epochs: int, seed: int = 0,
+                  workers: int = 2, progress: bool = True, **kwargs) -> Doc2Vec:
+    """Build the vocabulary and train a Doc2Vec model with a tqdm bar over epochs.
+
+    Args:
+        corpus: a re-iterable of TaggedDocument (e.g. DbpediaCorpus).
+        dm: 1 for PV-DM (predict a word from context + document), 0 for PV-DBOW.
+        vector_size: dimension of the document vectors.
+        epochs: passes over the corpus.
+        seed: seed of the model's initialisation (exact repeats also need workers=1).
+        workers: training threads.
+        progress: show the tqdm bar.
+        **kwargs: passed on to gensim's Doc2Vec (window, min_count, dbow_words, ...).
+    Returns:
+        The trained gensim Doc2Vec model.
+    """
+    from tqdm.auto import tqdm
+
+    for name, value in (("vector_size", vector_size), ("epochs", epochs), ("workers", workers)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if dm not in (0, 1):
+        raise ValueError(f"dm must be 0 (PV-DBOW) or 1 (PV-DM), got {dm!r}")
+    model = Doc2Vec(dm=dm, vector_size=vector_size, epochs=epochs, seed=seed,
+                    workers=workers, **kwargs)
+    model.build_vocab(corpus)
+    name = "PV-DM" if dm else "PV-DBOW"
+    with tqdm(total=epochs, desc=f"{name} {vector_size}d", unit="epoch",
+              disable=not progress) as bar:
+        model.train(corpus, total_examples=model.corpus_count, epochs=epochs,
+                    callbacks=[_EpochBar(bar, model.corpus_total_words)])
+    return model
+
+
+def infer_vectors(model: Doc2Vec, corpus, epochs: int | None = None,
+                  progress: bool = True) -> np.ndarray:
+    """Infer one vector per document of `corpus` (streamed), as a float32 array."""
+    from tqdm.auto import tqdm
+
+    vectors = [model.infer_vector(doc.words, epochs=epochs)
+               for doc in tqdm(corpus, total=len(corpus), desc="infer", unit="doc",
+                               disable=not progress, leave=False)]
+    return np.asarray(vectors, dtype=np.float32).reshape(len(vectors), model.vector_size)
+
+
+# --------------------------------------------------------------------------- features on disk
+
+

@@ -1,0 +1,27 @@
+"""The collection as an nbgrader course: a student release, and autograding into a gradebook.
+
+    python -m tools.course release [--course build/course]
+    python -m tools.course grade SUBMISSIONS [--course build/course] [--full] [--timeout 600]
+
+Each lesson notebook is one nbgrader assignment of one notebook (id = its file stem, e.g.
+`01_doc2vec_dbpedia`), so a course can release them one at a time and a broken notebook costs
+only its own points. The lessons already carry nbgrader's cell metadata and BEGIN/END SOLUTION
+and HIDDEN TESTS regions; the points of every test cell are set here, in POINTS, and written
+into the course's source copies.
+
+The work is nbgrader's: generate_assignment, autograde, generate_feedback, and its SQLite
+gradebook, which grades.csv is read back from. Ours (this package) is only
+what nbgrader lacks for a class handing in files: finding each student's notebooks in a folder
+(renamed ones too), setting aside notebooks that are not valid JSON, putting back test cells a
+student deleted, one process per (student, notebook) with a wall-clock limit, grading again
+without a cell that killed the kernel, and ending every process a submission started, by PID.
+
+Modules, each importing only those above it:
+- nbgrader_course: the course folder nbgrader works in: its config, the points, the gradebook,
+  running nbgrader, ending what a submission started;
+- release: the student release;
+- submissions: finding and repairing what each student handed in;
+- report: which cells failed and why, points from the gradebook, grades.csv and report.txt;
+- grade: autograding, one process per (student, notebook), each with its own runs/ folder;
+- __main__: the command line.
+"""

@@ -1,0 +1,120 @@
+"""What grading tells: which cells failed and why, the points from the gradebook, grades.csv
+and report.txt."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import nbformat
+
+from helpers.files import atomic_path
+from tools.course.nbgrader_course import grade_id, gradebook
+from tools.notebooks import read
+
+
+# How a cell's error reads in the report: an interrupted cell is one that ran past the timeout.
+_ERROR_NAMES = {"KeyboardInterrupt": "ran past the timeout and was interrupted",
+                "CellTimeoutError": "ran past the timeout and was interrupted"}
+
+
+def _heading(cells, index: int) -> str:
+    """The nbgrader id of cell `index`, or the last '## ' heading above it."""
+    if grade_id(cells[index]):
+        return grade_id(cells[index])
+    for cell in reversed(cells[:index]):
+        if cell.cell_type == "markdown":
+            found = [l.lstrip("#").strip() for l in cell.source.splitlines() if l.startswith("#")]
+            if found:
+                return f'"{found[-1]}"'
+    return "the top of the notebook"
+
+
+def _error(cell) -> dict | None:
+    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+
+
+def _describe(error: dict) -> str:
+    name = error.get("ename", "error")
+    if name in _ERROR_NAMES:
+        return _ERROR_NAMES[name]
+    value = " ".join(str(error.get("evalue", "")).split())
+    return f"raised {name}: {value[:160]}" if value else f"raised {name}"
+
+
+def cell_errors(autograded: Path, mark: bool = True) -> list[str]:
+    """Which solution and test cells raised in an autograded notebook, and why.
+
+    A cell that failed after a cell it may depend on had failed (a lesson cell, or the
+    exercise's own solution; not another exercise's cells) names the first such failure: its
+    heading or grade id and the last line of its error. With `mark`, the same sentence is added
+    to the failing cell's outputs, so the student's feedback page says it too.
+    """
+    if not autograded.is_file():
+        return []
+    nb = read(autograded)
+    failed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _error(c)]
+    out = []
+    for i in failed:
+        gid = grade_id(nb.cells[i])
+        if gid is None:
+            continue
+        own = gid.rsplit("-", 1)[0] + "-solution"
+        causes = [j for j in failed if j < i and grade_id(nb.cells[j]) in (None, own)]
+        name = _error(nb.cells[i]).get("ename", "error")
+        line = f"{gid}: {_ERROR_NAMES.get(name, name)}"
+        if causes:
+            first = causes[0]
+            cause = (f"after cell {first} {_heading(nb.cells, first)} "
+                     f"{_describe(_error(nb.cells[first]))}")
+            line += f", {cause}"
+            if mark:
+                nb.cells[i].outputs.append(nbformat.v4.new_output(
+                    "stream", name="stderr", text=f"This cell failed {cause}.\n"))
+        out.append(line)
+    if mark and out:
+        nbformat.write(nb, str(autograded))
+    return out
+
+
+def gradebook_rows(course: Path, students: list[str], assignments: list[str]) -> list[dict]:
+    """(student, notebook, exercise, points, max points) for every test cell, from the gradebook."""
+    from nbgrader.api import MissingEntry
+
+    rows = []
+    with gradebook(course) as gb:
+        for student in students:
+            for assignment in assignments:
+                try:
+                    grades = gb.find_submission_notebook(assignment, assignment, student).grades
+                except MissingEntry:
+                    grades = None
+                if grades is None:  # never graded: every test cell scores 0
+                    cells = gb.find_notebook(assignment, assignment).grade_cells
+                    pairs = [(c.name, 0.0, c.max_score) for c in cells]
+                else:
+                    pairs = [(g.cell.name, g.score, g.max_score) for g in grades
+                             if g.cell.name.endswith("-test")]
+                for name, score, max_score in sorted(pairs):
+                    rows.append({"student": student, "notebook": assignment,
+                                 "exercise": name.removesuffix("-test"),
+                                 "points": float(score or 0), "max_points": float(max_score)})
+    return rows
+
+
+def write_report(course: Path, rows: list[dict], report: list[tuple], say=print) -> None:
+    """Write grades.csv (rows) and report.txt ((student, notebook, seconds, notes) each); say it."""
+    with atomic_path(course / "grades.csv") as tmp, open(tmp, "w", newline="") as out:
+        writer = csv.DictWriter(out, ["student", "notebook", "exercise", "points", "max_points"])
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = []
+    for student, a, seconds, notes in report:
+        got = sum(r["points"] for r in rows if r["student"] == student and r["notebook"] == a)
+        top = sum(r["max_points"] for r in rows if r["student"] == student and r["notebook"] == a)
+        lines.append(f"{student:16s} {a:34s} {got:5.1f} / {top:4.1f}  {seconds:6.1f} s")
+        lines += [f"{'':18s}- {note}" for note in notes]
+    with atomic_path(course / "report.txt") as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    for line in lines:
+        say(line)
+    say(f"grades: {course / 'grades.csv'}; feedback: {course / 'feedback'}/<student>/<notebook>/")
