@@ -1,4 +1,5 @@
-"""Scaling ML Labs: the plumbing behind the notebooks, one module per concern.
+"""Scaling ML Labs: the package behind the notebooks, in layers that import only downward:
+the top level (config, files, plots), system, data, training, cluster (helpers/README.md).
 
 Importing it (before TensorFlow) quiets TensorFlow once for the whole collection: its C++
 start-up chatter (oneDNN, CPU features, dataset notes) and the INFO lines its Python logger

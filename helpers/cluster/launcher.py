@@ -26,7 +26,7 @@ from helpers.cluster.progress import RunProgress
 from helpers.cluster.run import Run
 from helpers.system import netns
 from helpers.system.control import Cmd, Event, command
-from helpers.system.processes import ChildProcess, free_ports, log_tail
+from helpers.system.processes import ChildProcess, free_ports, log_section, unique_name
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 _COUNTER = itertools.count()
@@ -97,7 +97,7 @@ class LocalCluster:
                 raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
         self.workers, self.isolate, self.evaluator = workers, isolate, bool(evaluator)
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
-        self.name = name or f"cluster-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_COUNTER)}"
+        self.name = name or unique_name("cluster")
         self.procs: dict[str, ChildProcess] = {}
         self.network = netns.PrivateNetwork(isolate, "Cluster")  # validates `isolate`
         self.dead_workers: set[int] = set()
@@ -183,8 +183,7 @@ class LocalCluster:
             proc = self.procs[name]
             # a process serves many runs: show only what it logged during this one
             start = self.log_starts.get(name, 0)
-            detail = (f"\n--- last lines of {proc.log_path}"
-                      f"{' (this run)' if start else ''} ---\n{log_tail(proc.log_path, start=start)}")
+            detail = log_section(proc.log_path, start)
         self.stop()
         raise ClusterError(what + detail)
 

@@ -11,7 +11,6 @@ MultiWorkerMirroredStrategy catches SIGTERM, so each still-running one costs a g
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import queue
@@ -22,10 +21,10 @@ from pathlib import Path
 
 from helpers import config, files
 from helpers.system import netns
-from helpers.system.processes import ChildProcess, NoResult, end_all, free_ports, log_tail, wait_for_results
+from helpers.system.processes import (ChildProcess, NoResult, end_all, free_ports, log_section,
+                                      unique_name, wait_for_results)
 
 ROLES = ("chief", "worker", "ps")
-_COUNTER = itertools.count()
 
 
 class TFConfigError(RuntimeError):
@@ -82,8 +81,7 @@ class TFConfigCluster:
         if set(servers) >= set(roles):
             raise ValueError(f"servers={list(servers)} leaves no task to run the job {roles}")
         self.job, self.servers, self.timeout, self.module = job, tuple(servers), timeout, module
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.name = name or f"tfconfig-{stamp}-{os.getpid()}-{next(_COUNTER)}"
+        self.name = name or unique_name("tfconfig")
         self.dir: Path | None = None
         self.procs: dict[str, ChildProcess] = {}
         self.inbox: queue.Queue = queue.Queue()
@@ -154,7 +152,7 @@ class TFConfigCluster:
     def _fail(self, what: str, name: str):
         log = self.procs[name].log_path
         self.stop()
-        raise TFConfigError(f"{what}\n--- last lines of {log} ---\n{log_tail(log)}")
+        raise TFConfigError(what + log_section(log))
 
     def stop(self) -> None:
         """End every task's process group at once (idempotent); write the launch timeline."""

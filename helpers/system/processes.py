@@ -21,6 +21,7 @@ group kill with SIGCONT for a stopped child, and no JSON message channel.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import queue
@@ -62,6 +63,20 @@ def die_with_parent(parent_pid: int | None, sig: int = signal.SIGTERM) -> None:
     """
     if _set_parent_death_signal(sig) and parent_pid and os.getppid() != parent_pid:
         os._exit(1)
+
+
+_NAMES = itertools.count()
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other process group of this machine uses: prefix-date-time-pid-counter."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_NAMES)}"
+
+
+def log_section(log_path: Path, start: int = 0) -> str:
+    """A failure's evidence: the last lines of a child's log, from `start` (a byte offset)."""
+    return (f"\n--- last lines of {log_path}{' (this run)' if start else ''} ---\n"
+            f"{log_tail(log_path, start=start)}")
 
 
 def free_ports(n: int) -> list[int]:

@@ -61,6 +61,9 @@ def repair(nb, reference) -> list[str]:
 
     A deleted test cell would make nbgrader fail the whole notebook; put back, it grades
     what the student did (nbgrader then overwrites every locked cell from the source anyway).
+    Ours, not nbgrader's own `OverwriteCells.add_missing_cells` (0.9): that one puts back
+    grade and task cells only, so a deleted read-only cell that a test reads (e.g.
+    nb02-ex3-reference, which binds our_loop_acc) would still cost the exercise its points.
     """
     have = set(nbgrader_cells(nb))
     restored = []
