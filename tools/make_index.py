@@ -2,7 +2,7 @@
 
 The contents come from the notebooks' own titles and objectives; the "Expected run time" line
 of each notebook (and the index's column) from the wall times `make run` measured
-(notebooks/run_times.json, written by tools/run_notebooks.py --record-times), never typed.
+(notebooks/run_times.json, written by `python -m tools.run_notebooks --record-times`), never typed.
 `python -m tools.make_index` rewrites them; `--check` exits 1 if any is stale.
 """
 from __future__ import annotations

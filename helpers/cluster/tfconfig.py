@@ -63,7 +63,7 @@ class TFConfigCluster:
             once every other task is done.
         timeout: seconds to wait for the job before ending every process.
         isolate: "auto" runs every task in a private network namespace when the OS allows it
-            (warning once when not), True insists, False never isolates (see netns.py).
+            (warning once when not), True insists, False never isolates (see helpers/system/netns.py).
     Raises:
         ValueError: for bad roles or timeout, before any process starts.
     """

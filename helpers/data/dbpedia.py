@@ -130,7 +130,7 @@ def check_n_per_class(n_per_class) -> None:
 def stratified_sample(labels, n_per_class: int, seed: int = 0) -> np.ndarray:
     """Boolean mask keeping at most `n_per_class` rows of each label, drawn with `seed`.
 
-    The one stratified draw of the project: `load_dbpedia` and `text.sample_lines` both use
+    The one stratified draw of the project: `load_dbpedia` and `sample_lines` both use
     it, so a Doc2Vec corpus and a DataFrame of the same arguments hold the same articles.
     """
     check_n_per_class(n_per_class)

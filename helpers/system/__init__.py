@@ -1,4 +1,5 @@
-"""The operating-system layer: child processes, their resources, private networks.
+"""The operating-system layer: child processes, the control lines they speak, their resources,
+private networks.
 
 Imports only the standard library, psutil and helpers' top-level config and files.
 """

@@ -1,8 +1,8 @@
 """Process plumbing shared by every helper that starts child processes.
 
 The cluster engine (`cluster.launcher`), TF_CONFIG clusters (`cluster.tfconfig`), the private
-network namespace (`cluster.netns`), the PS demo (`psdemo`) and notebook 04's one process per
-configuration (`mirrored`) all start Python children that must end with their parent, report
+network namespace (`system.netns`), the PS demo (`cluster.psdemo`) and notebook 04's one process
+per configuration (`training.mirrored`) all start Python children that must end with their parent, report
 on stdout and be ended by PID. This module is that plumbing, in one place:
 
 - `child_setup` / `die_with_parent`: ask the kernel to signal a child when its parent dies

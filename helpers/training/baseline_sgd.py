@@ -1,4 +1,4 @@
-"""The no-cluster baseline of notebooks 05-07: the same model, data and SGD in this process."""
+"""The no-cluster baseline of notebook 05 and the benchmarks: the same model, data and SGD here."""
 from __future__ import annotations
 
 import time

@@ -22,7 +22,7 @@ from tools.course.nbgrader_course import (DEFAULT_COURSE, KILLED, ROOT, end_proc
                                           nbgrader, nbgrader_cells, with_points)
 from tools.course.release import release
 from tools.course.report import cell_errors, gradebook_rows, write_report
-from tools.course.submissions import find_submissions, repair
+from tools.course.submissions import Found, find_submissions, repair
 from tools.notebooks import NOTEBOOK_DIR, read
 
 # What a lesson reads from an earlier one: {notebook: [(earlier notebook, path under runs/)]}.
@@ -139,6 +139,43 @@ def prepare_runs(course: Path, student: str, assignment: str, quick: bool, timeo
     return runs
 
 
+def grade_pair(course: Path, student: str, a: str, f: Found, release_nb, quick: bool,
+               timeout: int, src: Path | None, say) -> None:
+    """Grade one student's notebook `a` (what `f` found of it) into the gradebook; add to
+    f.notes what happened (deleted cells put back, a failed autograde, cells that raised)."""
+    target = course / "submitted" / student / a / f"{a}.ipynb"
+    shutil.rmtree(target.parent, ignore_errors=True)
+    if f.path is not None:
+        nb = with_points(nbformat.read(str(f.path), as_version=4), strict=False)
+        restored = repair(nb, release_nb)
+        if restored:
+            f.notes.append("put back deleted cells: " + ", ".join(restored))
+        target.parent.mkdir(parents=True)
+        nbformat.write(nb, str(target))
+    autograded = course / "autograded" / student / a / f"{a}.ipynb"
+    shutil.rmtree(autograded.parent, ignore_errors=True)
+    if f.path is None and not f.notes:  # absent, not broken: keep an earlier grade
+        f.notes.append("not in this folder: kept its grade from an earlier run"
+                       if has_submission(course, a, student) else "not handed in: 0 points")
+        return
+    if f.path is None:
+        forget_submission(course, a, student)  # broken: an earlier grade must go
+        return
+    # Its own runs/ folder: what it reads from earlier lessons comes from the course's
+    # reference runs, not from this student's other notebooks.
+    runs = prepare_runs(course, student, a, quick, timeout, src, say)
+    env = dict(os.environ, LABS_RUNS_DIR=str(runs), LABS_QUICK="1" if quick else "0",
+               MPLBACKEND="Agg")
+    status, log = autograde(course, a, student, nb, target, env, timeout, f.notes)
+    if status != 0 or not autograded.is_file():
+        forget_submission(course, a, student)
+        last = [line for line in log.splitlines() if "ERROR" in line][-1:]
+        f.notes.append(f"nbgrader autograde failed ({status}): 0 points for this notebook; "
+                       f"see logs/autograde-{student}-{a}.log"
+                       + (f" ({last[0].strip()[:160]})" if last else ""))
+    f.notes += cell_errors(autograded)
+
+
 def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
           timeout: int = 600, src: Path | None = None, say=print) -> list[dict]:
     """Autograde every student's folder in `submissions`; write grades.csv and feedback.
@@ -167,39 +204,9 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
         found = find_submissions(submissions / student, cells)
         shutil.rmtree(course / "runs" / student, ignore_errors=True)
         for a in assignments:
-            f, t0 = found[a], time.perf_counter()
-            target = course / "submitted" / student / a / f"{a}.ipynb"
-            shutil.rmtree(target.parent, ignore_errors=True)
-            if f.path is not None:
-                nb = with_points(nbformat.read(str(f.path), as_version=4), strict=False)
-                restored = repair(nb, releases[a])
-                if restored:
-                    f.notes.append("put back deleted cells: " + ", ".join(restored))
-                target.parent.mkdir(parents=True)
-                nbformat.write(nb, str(target))
-            autograded = course / "autograded" / student / a / f"{a}.ipynb"
-            shutil.rmtree(autograded.parent, ignore_errors=True)
-            if f.path is None and not f.notes:  # absent, not broken: keep an earlier grade
-                f.notes.append("not in this folder: kept its grade from an earlier run"
-                               if has_submission(course, a, student)
-                               else "not handed in: 0 points")
-            elif f.path is None:
-                forget_submission(course, a, student)  # broken: an earlier grade must go
-            else:
-                # Its own runs/ folder: what it reads from earlier lessons comes from the
-                # course's reference runs, not from this student's other notebooks.
-                runs = prepare_runs(course, student, a, quick, timeout, src, say)
-                env = dict(os.environ, LABS_RUNS_DIR=str(runs),
-                           LABS_QUICK="1" if quick else "0", MPLBACKEND="Agg")
-                status, log = autograde(course, a, student, nb, target, env, timeout, f.notes)
-                if status != 0 or not autograded.is_file():
-                    forget_submission(course, a, student)
-                    last = [l for l in log.splitlines() if "ERROR" in l][-1:]
-                    f.notes.append(f"nbgrader autograde failed ({status}): 0 points for this "
-                                   f"notebook; see logs/autograde-{student}-{a}.log"
-                                   + (f" ({last[0].strip()[:160]})" if last else ""))
-                f.notes += cell_errors(autograded)
-            report.append((student, a, time.perf_counter() - t0, f.notes))
+            t0 = time.perf_counter()
+            grade_pair(course, student, a, found[a], releases[a], quick, timeout, src, say)
+            report.append((student, a, time.perf_counter() - t0, found[a].notes))
         feedback = course / "feedback" / student
         shutil.rmtree(feedback, ignore_errors=True)
         nbgrader(course, "generate_feedback", "*", "--student", student, "--force",

@@ -31,7 +31,7 @@ POINTS: dict[str, int] = {
 }
 
 CONFIG = """\
-# Written by tools/course.py: the nbgrader configuration of this course folder.
+# Written by python -m tools.course: the nbgrader configuration of this course folder.
 c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = {course_id!r}
 c.CourseDirectory.root = {root!r}
@@ -44,7 +44,7 @@ c.Execute.iopub_timeout = 30
 c.Execute.raise_on_iopub_timeout = False
 """
 # Appended as is (not formatted): note which cell runs, so that a cell that kills the kernel
-# can be named and set aside (tools/course.py), instead of costing the whole notebook.
+# can be named and set aside (tools/course/grade.py), instead of costing the whole notebook.
 TRACE_HOOK = """
 import os
 
