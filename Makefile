@@ -57,10 +57,11 @@ COURSE ?= build/course
 release: $(STAMP)
 	$(PY) -m tools.course release --course $(COURSE) --timeout $(CELL_TIMEOUT)
 
-# Quick mode unless FULL=1. Needs the data, as the notebooks run.
+# Quick mode unless FULL=1; STUDENTS=ada,bob grades only those; a notebook unchanged since it was
+# graded keeps its grade unless REGRADE=1. Needs the data, as the notebooks run.
 grade: data
 	@test -n "$(SUBMISSIONS)" || { echo "make grade: name the submissions folder, one sub-folder per student: make grade SUBMISSIONS=path/to/submissions" >&2; exit 2; }
-	$(PY) -m tools.course grade "$(SUBMISSIONS)" --course $(COURSE) --timeout $(CELL_TIMEOUT) $(if $(filter 1,$(FULL)),--full)
+	$(PY) -m tools.course grade "$(SUBMISSIONS)" --course $(COURSE) --timeout $(CELL_TIMEOUT) $(if $(filter 1,$(FULL)),--full) $(if $(STUDENTS),--students "$(STUDENTS)") $(if $(filter 1,$(REGRADE)),--regrade)
 
 handout: release
 	rm -rf build/handout && mkdir -p build/handout

@@ -1,1 +1,2 @@
-"""Benchmarks that print their figures, each run as `python -m bench.<name>` from the repository root."""
+"""Benchmarks that print their figures, each run from the repository root as
+`python -m bench.<name>`."""

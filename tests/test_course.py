@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import textwrap
 
 import nbformat
@@ -266,6 +267,47 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
             score = {g.cell.name: g.score for g in sub.grades}[f"{exercise}-test"]
             assert score == value, (student, exercise)
     assert grading_processes() == []
+
+
+def _autograded_mtimes(course, student):
+    return {n: (course / "autograded" / student / n / f"{n}.ipynb").stat().st_mtime_ns
+            for n in MINI if (course / "autograded" / student / n).is_dir()}
+
+
+def test_students_and_unchanged_notebooks_keep_their_grades_unless_regraded(graded, tmp_path):
+    where = tmp_path / "course"
+    shutil.copytree(graded["course"], where)  # release() rewrites its config for the new place
+    ada_before = {k: v for k, v in points(graded["rows"]).items() if k[0] == "ada"}
+    mtimes = _autograded_mtimes(where, "ada")
+    lines = []
+    rows = grade.grade(graded["subs"], where, quick=True, timeout=60, src=graded["src"],
+                       say=lines.append, students=["ada"])
+    assert {r["student"] for r in rows} == {"ada"} and points(rows) == ada_before
+    assert sum("unchanged since it was graded" in line for line in lines) == len(MINI), lines
+    assert _autograded_mtimes(where, "ada") == mtimes  # nothing ran again
+    # a changed notebook is graded again; the unchanged one keeps its grade
+    subs = tmp_path / "subs"
+    changed = read(graded["subs"] / "ada" / f"{BOUNDS}.ipynb")
+    changed.cells.append(nbformat.v4.new_markdown_cell("Checked again."))
+    hand_in(subs, "ada", BOUNDS, changed)
+    shutil.copy(graded["subs"] / "ada" / f"{DOC2VEC}.ipynb", subs / "ada")
+    lines = []
+    rows = grade.grade(subs, where, quick=True, timeout=60, src=graded["src"], say=lines.append)
+    after = _autograded_mtimes(where, "ada")
+    assert after[DOC2VEC] == mtimes[DOC2VEC] and after[BOUNDS] > mtimes[BOUNDS], lines
+    assert points(rows) == ada_before
+    # REGRADE: the same file runs again
+    lines = []
+    grade.grade(subs, where, quick=True, timeout=60, src=graded["src"], say=lines.append,
+                regrade=True)
+    assert not any("unchanged since" in line for line in lines), lines
+    assert _autograded_mtimes(where, "ada")[DOC2VEC] > mtimes[DOC2VEC]
+    assert grading_processes() == []
+
+
+def test_students_naming_a_missing_folder_is_an_error_that_names_it(graded):
+    with pytest.raises(ValueError, match="STUDENTS names zed, with no folder"):
+        grade.grade(graded["subs"], graded["course"], students=["ada", "zed"])
 
 
 def test_bad_submissions_folder_is_named_in_the_error(tmp_path):

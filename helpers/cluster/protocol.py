@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import math
 
 from helpers.training.models import MODELS  # numpy only: TF is imported when a model is built
-from helpers.training import compression  # its checks are plain Python; TF is imported only to compress
+from helpers.training import compression  # plain Python checks; TF only to compress
 
 MODES = ("async", "sync", "ssp", "backup")
 STALE_POLICIES = ("drop", "fold")

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 
 from helpers.system import netns
-from helpers.system.processes import child_setup, die_with_parent, free_ports
+from helpers.system.processes import child_setup, die_with_parent, free_ports, kill_group
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
 MAILBOX = "demo/mailbox"  # shared_name of a PS queue of messages
@@ -62,7 +61,8 @@ def _say(**msg) -> None:
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    """Start `python -m helpers.cluster.psdemo ARGS` in this process group, dying with its parent."""
+    """Start `python -m helpers.cluster.psdemo ARGS` in this process group, dying with its
+    parent."""
     return subprocess.Popen([sys.executable, "-m", "helpers.cluster.psdemo", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
                             preexec_fn=child_setup)
@@ -119,23 +119,20 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     isolated = network.start().isolated
     # in a private namespace every port is free; outside, ask the kernel for one
     port = 2222 if isolated else free_ports(1)[0]
-    cmd = network.prefix + [sys.executable, "-m", "helpers.cluster.psdemo", "drive", "--port", str(port),
-                            "--parent-pid", str(os.getpid())]
+    cmd = network.prefix + [sys.executable, "-m", "helpers.cluster.psdemo", "drive",
+                            "--port", str(port), "--parent-pid", str(os.getpid())]
     try:
         driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True, preexec_fn=child_setup)
         try:
             out, err = driver.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(driver.pid, signal.SIGKILL)  # the driver and its children share a group
+            kill_group(driver.pid)  # the driver and its children share a group
             out, err = driver.communicate()
             raise RuntimeError(f"the PS demo took more than {timeout:.0f} s and was ended:\n"
                                f"{err[-2000:]}")
         finally:
-            try:
-                os.killpg(driver.pid, signal.SIGKILL)  # anything left of the group
-            except ProcessLookupError:
-                pass
+            kill_group(driver.pid)  # anything left of the group
             if driver.poll() is None:
                 driver.wait()
     finally:

@@ -16,15 +16,13 @@ raises IsolationError, `isolate=False` never tries.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
-from helpers.system.processes import child_setup
+from helpers.system.processes import child_setup, kill_group
 
 _WARNED = False  # warn about exposed ports once per Python process
 
@@ -161,10 +159,7 @@ class PrivateNetwork:
         """End the holder (idempotent); the namespace goes when its last process does."""
         if self.holder is None:
             return
-        try:
-            os.killpg(self.holder.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(self.holder.pid)
         self.holder.wait()
         for f in (self.holder.stdin, self.holder.stdout, self.holder.stderr):
             f.close()

@@ -79,6 +79,14 @@ def log_section(log_path: Path, start: int = 0) -> str:
             f"{log_tail(log_path, start=start)}")
 
 
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by `pid`, every process in it at once (gone: no-op)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct unused TCP ports on this machine."""
     import portpicker
@@ -156,10 +164,7 @@ class ChildProcess:
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(self.pid)
             self.popen.wait()
         for f in (self.popen.stdin, self.popen.stdout, self.log):
             try:

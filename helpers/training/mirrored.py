@@ -190,7 +190,8 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
     for attempt in range(1, retries + 2):
         inbox: queue.Queue = queue.Queue()
         log = folder / f"{name}-{os.getpid()}-{attempt}.log"
-        child = ChildProcess(name, [sys.executable, "-m", "helpers.training.mirrored", str(job_file)],
+        cmd = [sys.executable, "-m", "helpers.training.mirrored", str(job_file)]
+        child = ChildProcess(name, cmd,
                              dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox)
         try:
             result = wait_for_results({name: child}, inbox, [name], timeout)[name]

@@ -23,13 +23,19 @@ def main(argv=None) -> int:
         if name == "grade":
             p.add_argument("submissions", type=Path)
             p.add_argument("--full", action="store_true", help="run the notebooks in full mode")
+            p.add_argument("--students", default="",
+                           help="comma-separated student folders to grade (default: all)")
+            p.add_argument("--regrade", action="store_true",
+                           help="grade again notebooks unchanged since they were last graded")
     args = parser.parse_args(argv)
     if args.command == "release":
         for path in release(args.course, timeout=args.timeout):
             print(f"released {path}")
         return 0
     try:
-        grade(args.submissions, args.course, quick=not args.full, timeout=args.timeout)
+        grade(args.submissions, args.course, quick=not args.full, timeout=args.timeout,
+              students=[s for s in args.students.split(",") if s.strip()] or None,
+              regrade=args.regrade, progress=True)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:  # RuntimeError: a lesson's
         print(f"make grade: {exc}", file=sys.stderr)  # own reference run failed
         return 2

@@ -7,6 +7,7 @@ handing in files (see tools/course/__init__.py).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.files import atomic_path
+from helpers.files import atomic_path, write_json
 from tools.course.nbgrader_course import (DEFAULT_COURSE, KILLED, ROOT, end_processes, gradebook,
                                           nbgrader, nbgrader_cells, with_points)
+from tools.course.progress import GradingProgress
 from tools.course.release import release
 from tools.course.report import cell_errors, gradebook_rows, write_report
 from tools.course.submissions import Found, find_submissions, repair
@@ -139,6 +141,17 @@ def prepare_runs(course: Path, student: str, assignment: str, quick: bool, timeo
     return runs
 
 
+def submission_stamp(f: Found, source: Path, quick: bool) -> str | None:
+    """What a notebook's grade depends on, hashed: the file handed in, the lesson's source
+    (tests and points) and the mode. None when nothing gradable was handed in."""
+    if f.path is None:
+        return None
+    digest = hashlib.sha256()
+    for part in (f.path.read_bytes(), source.read_bytes(), b"quick" if quick else b"full"):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()
+
+
 def grade_pair(course: Path, student: str, a: str, f: Found, release_nb, quick: bool,
                timeout: int, src: Path | None, say) -> None:
     """Grade one student's notebook `a` (what `f` found of it) into the gradebook; add to
@@ -177,22 +190,35 @@ def grade_pair(course: Path, student: str, a: str, f: Found, release_nb, quick: 
 
 
 def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
-          timeout: int = 600, src: Path | None = None, say=print) -> list[dict]:
+          timeout: int = 600, src: Path | None = None, say=print,
+          students: list[str] | None = None, regrade: bool = False,
+          progress: bool = False) -> list[dict]:
     """Autograde every student's folder in `submissions`; write grades.csv and feedback.
 
-    Returns the rows of grades.csv, for the students in `submissions`. Other students'
-    grades in the gradebook are kept, and so is a student's earlier grade for a notebook that
-    is not in their folder this time (notebooks can be handed in one at a time).
+    Returns the rows of grades.csv, for the students graded. Other students' grades in the
+    gradebook are kept, and so is a student's earlier grade for a notebook that is not in
+    their folder this time (notebooks can be handed in one at a time).
+
+    Args:
+        students: grade only these (folder names); all when None.
+        regrade: grade again a notebook that is unchanged since it was last graded (same
+            file, same lesson, same mode); otherwise its grade is kept without running it.
+        progress: show a progress line with an ETA (GradingProgress) on stderr.
     """
     submissions = Path(submissions).resolve()
     if not submissions.is_dir():
         raise FileNotFoundError(f"SUBMISSIONS={submissions} is not a folder: give the folder "
                                 f"that holds one sub-folder per student")
-    students = sorted(p.name for p in submissions.iterdir()
-                      if p.is_dir() and not p.name.startswith("."))
-    if not students:
+    folders = sorted(p.name for p in submissions.iterdir()
+                     if p.is_dir() and not p.name.startswith("."))
+    if not folders:
         raise ValueError(f"{submissions} holds no student folder: lay it out as "
                          f"<SUBMISSIONS>/<student>/<notebook>.ipynb")
+    unknown = sorted(set(students or ()) - set(folders))
+    if unknown:
+        raise ValueError(f"STUDENTS names {', '.join(unknown)}, with no folder in {submissions}; "
+                         f"its student folders: {', '.join(folders)}")
+    students = sorted(set(students)) if students else folders
     course = Path(course).resolve()
     release(course, src, timeout)
     assignments = sorted(p.name for p in (course / "source").iterdir() if p.is_dir())
@@ -200,17 +226,39 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
     releases = {a: read(course / "release" / a / f"{a}.ipynb") for a in assignments}
     cells = {a: nbgrader_cells(nb) for a, nb in sources.items()}
     report = []
+    bar = GradingProgress([(s, a) for s in students for a in assignments], quick, progress)
     for student in students:
         found = find_submissions(submissions / student, cells)
         shutil.rmtree(course / "runs" / student, ignore_errors=True)
+        changed = False
         for a in assignments:
-            t0 = time.perf_counter()
-            grade_pair(course, student, a, found[a], releases[a], quick, timeout, src, say)
-            report.append((student, a, time.perf_counter() - t0, found[a].notes))
-        feedback = course / "feedback" / student
-        shutil.rmtree(feedback, ignore_errors=True)
-        nbgrader(course, "generate_feedback", "*", "--student", student, "--force",
-                 log=course / "logs" / f"feedback-{student}.log")
+            t0, f = time.perf_counter(), found[a]
+            bar.start(student, a)
+            stamp = submission_stamp(f, course / "source" / a / f"{a}.ipynb", quick)
+            kept = course / "graded" / student / f"{a}.json"
+            earlier = json.loads(kept.read_text()) if kept.is_file() else {}
+            if (stamp and not regrade and earlier.get("stamp") == stamp
+                    and has_submission(course, a, student)):
+                f.notes += earlier["notes"] + ["unchanged since it was graded: kept its grade "
+                                               "(REGRADE=1 grades it again)"]
+                ran = False
+            else:
+                before = len(f.notes)
+                broken = f.path is None and before > 0  # its earlier grade and feedback go
+                grade_pair(course, student, a, f, releases[a], quick, timeout, src, say)
+                ran = f.path is not None
+                changed = changed or ran or broken
+                if stamp:
+                    write_json(kept, {"stamp": stamp, "notes": f.notes[before:]})
+            failed = any("autograde failed" in n or "not a valid notebook" in n for n in f.notes)
+            bar.done(a, ran, failed)
+            report.append((student, a, time.perf_counter() - t0, f.notes))
+        if changed:  # feedback for what was graded now; an unchanged student's stays as it was
+            feedback = course / "feedback" / student
+            shutil.rmtree(feedback, ignore_errors=True)
+            nbgrader(course, "generate_feedback", "*", "--student", student, "--force",
+                     log=course / "logs" / f"feedback-{student}.log")
+    bar.close()
     rows = gradebook_rows(course, students, assignments)
     write_report(course, rows, report, say)
     return rows

@@ -1,0 +1,60 @@
+"""What a grading run shows while it goes: pairs done of all, the pair being graded, the
+failures so far, and an ETA.
+
+The ETA weighs each (student, notebook) pair by its lesson's measured run time
+(notebooks/run_times.json, in the mode being graded) and scales those weights by how fast this
+run has gone so far: a class's 06 notebooks cost more than its 02 notebooks, and a loaded
+machine is slower than the one that measured.
+"""
+from __future__ import annotations
+
+import time
+
+from tqdm.auto import tqdm
+
+from tools.make_index import run_times
+
+UNMEASURED_S = 60.0  # a lesson with no measurement yet counts as this many seconds
+
+
+def clock(seconds: float) -> str:
+    """Seconds as h:mm:ss (or m:ss)."""
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class GradingProgress:
+    """A tqdm line over the pairs of one grading run (disabled: records only, prints nothing)."""
+
+    def __init__(self, pairs: list[tuple[str, str]], quick: bool, enabled: bool = True):
+        mode = "quick" if quick else "full"
+        times = run_times()
+        self.weight = {a: float(times.get(a, {}).get(mode, {}).get("seconds", UNMEASURED_S))
+                       for _, a in pairs}
+        self.left = sum(self.weight[a] for _, a in pairs)  # weights of the pairs not yet done
+        self.done_weight, self.failures, self.t0 = 0.0, 0, time.monotonic()
+        self.bar = tqdm(total=len(pairs), unit="pair", disable=not enabled, desc="grading",
+                        bar_format="{desc} {n_fmt}/{total_fmt} pairs [{elapsed}] {postfix}")
+
+    def eta_s(self) -> float:
+        """Seconds still to go: the weights left, times the seconds per unit of weight so far."""
+        elapsed = time.monotonic() - self.t0
+        pace = elapsed / self.done_weight if self.done_weight > 0 else 1.0
+        return self.left * pace
+
+    def start(self, student: str, notebook: str) -> None:
+        """Show the pair now being graded."""
+        self.bar.set_postfix_str(f"now {student}/{notebook}, {self.failures} failed, "
+                                 f"ETA {clock(self.eta_s())}")
+
+    def done(self, notebook: str, graded: bool, failed: bool) -> None:
+        """Count one pair: `graded` if it ran (a kept or unchanged grade costs no time)."""
+        self.left -= self.weight[notebook]
+        self.done_weight += self.weight[notebook] if graded else 0.0
+        self.failures += int(failed)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.set_postfix_str(f"{self.failures} failed")
+        self.bar.close()
