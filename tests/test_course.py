@@ -253,6 +253,8 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
     assert got["hal", "nb06-ex2"] == 0.0 and got["hal", "nb07-ex2"] == 2.0, lines
     assert {e: got["ada", e] for e in FULL} == FULL
     assert sum("kept its grade from an earlier run" in line for line in lines) == 2, lines
+    for name in MINI:  # and her feedback stays
+        assert (where / "feedback" / "ada" / name / f"{name}.html").is_file()
     assert any("nb06-ex2-solution: ran past the timeout" in line for line in lines), lines
     assert any("nb06-ex2-test: NameError, after cell" in line and "nb06-ex2-solution ran past "
                "the timeout" in line for line in lines), lines
@@ -279,6 +281,7 @@ def test_students_and_unchanged_notebooks_keep_their_grades_unless_regraded(grad
     shutil.copytree(graded["course"], where)  # release() rewrites its config for the new place
     ada_before = {k: v for k, v in points(graded["rows"]).items() if k[0] == "ada"}
     mtimes = _autograded_mtimes(where, "ada")
+    assert set(mtimes) == set(MINI)  # kept too by the gradings that found no notebook of hers
     lines = []
     rows = grade.grade(graded["subs"], where, quick=True, timeout=60, src=graded["src"],
                        say=lines.append, students=["ada"])
@@ -294,6 +297,7 @@ def test_students_and_unchanged_notebooks_keep_their_grades_unless_regraded(grad
     lines = []
     rows = grade.grade(subs, where, quick=True, timeout=60, src=graded["src"], say=lines.append)
     after = _autograded_mtimes(where, "ada")
+    assert set(after) == set(mtimes), lines
     assert after[DOC2VEC] == mtimes[DOC2VEC] and after[BOUNDS] > mtimes[BOUNDS], lines
     assert points(rows) == ada_before
     # REGRADE: the same file runs again

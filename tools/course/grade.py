@@ -155,7 +155,14 @@ def submission_stamp(f: Found, source: Path, quick: bool) -> str | None:
 def grade_pair(course: Path, student: str, a: str, f: Found, release_nb, quick: bool,
                timeout: int, src: Path | None, say) -> None:
     """Grade one student's notebook `a` (what `f` found of it) into the gradebook; add to
-    f.notes what happened (deleted cells put back, a failed autograde, cells that raised)."""
+    f.notes what happened (deleted cells put back, a failed autograde, cells that raised).
+
+    A notebook not in the folder keeps its earlier grade, and with it its submitted and
+    autograded copies, from which its feedback is made again."""
+    if f.path is None and not f.notes:  # absent, not broken: keep an earlier grade
+        f.notes.append("not in this folder: kept its grade from an earlier run"
+                       if has_submission(course, a, student) else "not handed in: 0 points")
+        return
     target = course / "submitted" / student / a / f"{a}.ipynb"
     shutil.rmtree(target.parent, ignore_errors=True)
     if f.path is not None:
@@ -167,10 +174,6 @@ def grade_pair(course: Path, student: str, a: str, f: Found, release_nb, quick: 
         nbformat.write(nb, str(target))
     autograded = course / "autograded" / student / a / f"{a}.ipynb"
     shutil.rmtree(autograded.parent, ignore_errors=True)
-    if f.path is None and not f.notes:  # absent, not broken: keep an earlier grade
-        f.notes.append("not in this folder: kept its grade from an earlier run"
-                       if has_submission(course, a, student) else "not handed in: 0 points")
-        return
     if f.path is None:
         forget_submission(course, a, student)  # broken: an earlier grade must go
         return
