@@ -8,11 +8,9 @@ of each notebook (and the index's column) from the wall times `make run` measure
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: become `python -m tools.make_index`
-    import os, sys  # noqa: E401
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.execve(sys.executable, [sys.executable, "-m", "tools.make_index", *sys.argv[1:]],
-              dict(os.environ, PYTHONPATH=os.pathsep.join(
-                  filter(None, [root, os.environ.get("PYTHONPATH")]))))
+    from helpers.system.processes import exec_as_module
+
+    exec_as_module("tools.make_index")
 
 import argparse
 import json

@@ -7,11 +7,9 @@ failed, 130 if interrupted (Ctrl-C).
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: become `python -m tools.run_notebooks`
-    import os, sys  # noqa: E401
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.execve(sys.executable, [sys.executable, "-m", "tools.run_notebooks", *sys.argv[1:]],
-              dict(os.environ, PYTHONPATH=os.pathsep.join(
-                  filter(None, [root, os.environ.get("PYTHONPATH")]))))
+    from helpers.system.processes import exec_as_module
+
+    exec_as_module("tools.run_notebooks")
 
 import argparse
 import json

@@ -27,6 +27,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -85,6 +86,16 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def exec_as_module(module: str) -> None:
+    """Replace this process by `python -m module` with the same arguments, the repository on
+    PYTHONPATH: a tool run as a file (`python tools/x.py`) runs as the module it is."""
+    from helpers.config import REPO_ROOT
+
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]],
+              dict(os.environ, PYTHONPATH=path))
 
 
 def free_ports(n: int) -> list[int]:

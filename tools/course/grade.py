@@ -18,6 +18,7 @@ from pathlib import Path
 
 import nbformat
 
+from helpers.data.downloads import sha256_of
 from helpers.files import atomic_path, write_json
 from tools.course.nbgrader_course import (DEFAULT_COURSE, KILLED, ROOT, end_processes, gradebook,
                                           nbgrader, nbgrader_cells, with_points)
@@ -102,7 +103,7 @@ def reference_runs(course: Path, lesson: str, quick: bool, timeout: int,
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the course's reference run of {lesson} "
                                 f"provides what later notebooks read")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = sha256_of(path)
     home = course / "reference" / ("quick" if quick else "full") / lesson
     stamp = home / "source.sha256"
     if stamp.is_file() and stamp.read_text() == digest:
@@ -141,15 +142,14 @@ def prepare_runs(course: Path, student: str, assignment: str, quick: bool, timeo
     return runs
 
 
-def submission_stamp(f: Found, source: Path, quick: bool) -> str | None:
+def submission_stamp(f: Found, source_sha256: str, quick: bool) -> str | None:
     """What a notebook's grade depends on, hashed: the file handed in, the lesson's source
-    (tests and points) and the mode. None when nothing gradable was handed in."""
+    (tests and points, hashed once per grading) and the mode. None when nothing gradable
+    was handed in."""
     if f.path is None:
         return None
-    digest = hashlib.sha256()
-    for part in (f.path.read_bytes(), source.read_bytes(), b"quick" if quick else b"full"):
-        digest.update(hashlib.sha256(part).digest())
-    return digest.hexdigest()
+    parts = f"{sha256_of(f.path)} {source_sha256} {'quick' if quick else 'full'}"
+    return hashlib.sha256(parts.encode()).hexdigest()
 
 
 def grade_pair(course: Path, student: str, a: str, f: Found, release_nb, quick: bool,
@@ -228,6 +228,7 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
     sources = {a: read(course / "source" / a / f"{a}.ipynb") for a in assignments}
     releases = {a: read(course / "release" / a / f"{a}.ipynb") for a in assignments}
     cells = {a: nbgrader_cells(nb) for a, nb in sources.items()}
+    source_sha256 = {a: sha256_of(course / "source" / a / f"{a}.ipynb") for a in assignments}
     report = []
     bar = GradingProgress([(s, a) for s in students for a in assignments], quick, progress)
     for student in students:
@@ -237,7 +238,7 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
         for a in assignments:
             t0, f = time.perf_counter(), found[a]
             bar.start(student, a)
-            stamp = submission_stamp(f, course / "source" / a / f"{a}.ipynb", quick)
+            stamp = submission_stamp(f, source_sha256[a], quick)
             kept = course / "graded" / student / f"{a}.json"
             earlier = json.loads(kept.read_text()) if kept.is_file() else {}
             if (stamp and not regrade and earlier.get("stamp") == stamp
