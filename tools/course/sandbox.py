@@ -1,0 +1,189 @@
+"""Where a student's code runs while it is graded: a bubblewrap sandbox around the kernel,
+and a memory limit over everything the submission started.
+
+The kernel of each graded notebook is started through `bwrap` (bubblewrap, the sandbox
+Flatpak uses; Debian's `bubblewrap` package), which needs no root: it uses an unprivileged
+user namespace. Inside it:
+
+- the file system is read-only, and the course folder, the submissions folder, the lessons
+  with their solutions (notebooks/, tests/, build/, .git) and the grader's home are replaced by
+  empty read-only folders; the Python installation, the helper package and the datasets stay
+  readable;
+- it can write only the notebook's runs/ folder, its kernel's socket folder and a private
+  /tmp; the folder the notebook runs in is read-only, so that nothing there (a symbolic link
+  put in place of the notebook, say) can redirect what nbgrader writes after the kernel ends;
+- it has its own network namespace with only a loopback interface (the kernel talks to
+  nbgrader over Unix sockets), its own process IDs, and no capabilities;
+- it dies with nbgrader (bwrap's --die-with-parent).
+
+Where bubblewrap is missing or user namespaces are forbidden (macOS, some distributions),
+grading refuses to run students' code unless the instructor turns the sandbox off
+(`make grade ... SANDBOX=0`), and the report says it ran unsandboxed.
+
+Bubblewrap has no memory limit, so `MemoryGuard` (ours) watches the proportional memory (PSS;
+RSS where the system has no PSS) of every process of one graded notebook and ends the
+kernel's processes when they pass the limit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+
+from helpers import config
+
+KERNEL_NAME = "labs-sandbox"
+# Folders of the repository whose content a graded notebook must not see: the lessons with
+# their solutions and hidden tests, the second answers, the history, the builds.
+SECRET_PARTS = ("notebooks", "tests", ".git", "build")
+
+
+def unavailable_reason() -> str | None:
+    """None when the sandbox works on this machine, else why not (one short probe)."""
+    if not sys.platform.startswith("linux"):
+        return f"bubblewrap runs on Linux only (this is {sys.platform})"
+    if shutil.which("bwrap") is None:
+        return "bwrap (bubblewrap) is not on PATH: install it (apt-get install bubblewrap)"
+    probe = subprocess.run(["bwrap", *_isolation(), "--ro-bind", "/", "/", "--dev", "/dev",
+                            "--proc", "/proc", "true"], capture_output=True, text=True,
+                           timeout=30)
+    if probe.returncode:
+        return f"bwrap cannot make a sandbox here ({probe.stderr.strip()[:200]})"
+    return None
+
+
+def _isolation() -> list[str]:
+    """Namespaces, capabilities and lifetime: the part of the bwrap command every sandbox has."""
+    # As root, bwrap would keep every capability (and with them the power to unmount what
+    # hides the course): a user namespace with an unprivileged user inside takes them away.
+    uid = os.getuid() or 65534  # nobody
+    return ["--unshare-all", "--unshare-user", "--uid", str(uid), "--gid", str(uid),
+            "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+
+
+def bwrap_command(writable: list[Path], hidden: list[Path], workdir: Path,
+                  readable: list[Path] = ()) -> list[str]:
+    """The bwrap prefix of a sandboxed command: `writable` folders are the only ones it can
+    write (besides a private /tmp), `hidden` ones look empty, everything else is read-only.
+
+    What it needs to read (this Python, the helper package, the datasets, `readable`) is put
+    back when a hidden folder holds it; folders are mounted parents first.
+    """
+    home = Path.home()
+    repo = config.REPO_ROOT
+    hide = [Path(p) for p in hidden] + [repo / part for part in SECRET_PARTS]
+    if home != Path("/"):
+        hide.append(home)
+    readable = [*readable, repo, Path(sys.prefix), Path(sys.base_prefix), config.data_dir(),
+                *[Path(v) for k, v in os.environ.items()
+                  if k in ("LABS_DATA_MIRROR", "LABS_DBPEDIA_DIR") and v]]
+    mounts: list[tuple[Path, str]] = [(Path(p).resolve(), "hide") for p in hide]
+    mounts += [(Path(p).resolve(), "ro") for p in readable]
+    mounts += [(Path(p).resolve(), "rw") for p in writable]
+    # a readable folder under a hidden one comes back; one that holds a hidden one stays
+    # visible around it: mounting by depth (parents first) gives both
+    mounts = sorted({m for m in mounts if m[0].exists()}, key=lambda m: len(m[0].parts))
+    cmd = ["bwrap", *_isolation(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+           "--tmpfs", "/tmp"]
+    for path, kind in mounts:
+        if kind == "hide":
+            cmd += ["--tmpfs", str(path)]
+        elif kind == "ro":
+            cmd += ["--ro-bind", str(path), str(path)]
+        else:
+            cmd += ["--bind", str(path), str(path)]
+    # the empty folders are made read-only last: the mounts above may need mount points there
+    for path, kind in mounts:
+        if kind == "hide":
+            cmd += ["--remount-ro", str(path)]
+    cmd += ["--chdir", str(workdir), "--setenv", "HOME", "/tmp",
+            "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib", "--setenv", "IPYTHONDIR", "/tmp/ipython",
+            "--setenv", "TMPDIR", "/tmp",
+            # ipykernel would take bwrap's init (PID 1 in its namespace) for a dead parent;
+            # bwrap's --die-with-parent does that watch instead
+            "--unsetenv", "JPY_PARENT_PID"]
+    return cmd + ["--"]
+
+
+def write_kernel(jupyter_dir: Path, prefix: list[str]) -> None:
+    """A kernelspec KERNEL_NAME in `jupyter_dir`/kernels whose kernel starts inside `prefix`.
+
+    Interrupts go as messages: a signal would reach bwrap, not the kernel inside it."""
+    spec = {"argv": [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f",
+                     "{connection_file}"],
+            "display_name": "Python 3 (grading sandbox)", "language": "python",
+            "interrupt_mode": "message"}
+    folder = jupyter_dir / "kernels" / KERNEL_NAME
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+
+
+def default_memory_mb(jobs: int) -> int:
+    """Memory per graded notebook: 80% of this machine's memory, shared by `jobs`."""
+    return int(psutil.virtual_memory().total * 0.8 / max(1, jobs) / 2**20)
+
+
+def _memory_mb(p: psutil.Process) -> float:
+    try:
+        info = p.memory_full_info()
+        return getattr(info, "pss", info.rss) / 2**20
+    except psutil.AccessDenied:
+        return p.memory_info().rss / 2**20
+
+
+class MemoryGuard:
+    """Watch every process whose environment holds LABS_GRADING_TOKEN=token, except `spare`
+    (nbgrader itself), and SIGKILL them when their memory together passes `limit_mb`.
+
+    One guard can watch several nbgrader runs in turn (`watch`, then `stop`); `tripped` tells
+    afterwards whether it ended any, `peak_mb` is the most it saw."""
+
+    def __init__(self, limit_mb: float, every_s: float = 0.25):
+        self.limit_mb, self.every_s = limit_mb, every_s
+        self.tripped, self.peak_mb = False, 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, token: str, spare: set[int] = frozenset()) -> None:
+        """Start watching the processes of `token` (in a thread) until `stop`."""
+        self.stop()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, args=(token, set(spare)),
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _watch(self, token: str, spare: set[int]) -> None:
+        while not self._stop.wait(self.every_s):
+            members = []
+            for p in psutil.process_iter():
+                try:
+                    if p.pid not in spare and p.environ().get("LABS_GRADING_TOKEN") == token:
+                        members.append(p)
+                except (psutil.Error, OSError):
+                    continue
+            used = 0.0
+            for p in members:
+                try:
+                    used += _memory_mb(p)
+                except psutil.Error:
+                    continue
+            self.peak_mb = max(self.peak_mb, used)
+            if used > self.limit_mb:
+                self.tripped = True
+                for p in members:
+                    try:
+                        p.kill()
+                    except psutil.Error:
+                        pass
