@@ -11,7 +11,7 @@ PIPLOG := $(VENV)/pip-install.log
 # Seconds a single notebook cell may take before nbval / nbconvert give up on it.
 CELL_TIMEOUT ?= 900
 
-.PHONY: help venv data run test unit handout release grade index gpu clean
+.PHONY: help venv data run test unit handout release grade grade-merge index gpu clean
 
 help:
 	@echo "make run      set up (first time), then execute every notebook in full mode into build/"
@@ -19,6 +19,8 @@ help:
 	@echo "make unit     the fast tests only (no clusters, kernels or nbgrader): a few minutes"
 	@echo "make release  the nbgrader course in build/course/: source/ and release/ (student copies)"
 	@echo "make grade SUBMISSIONS=dir  autograde one sub-folder per student into build/course/grades.csv"
+	@echo "           [JOBS=n] [STUDENTS=a,b] [REGRADE=1] [SHARD=i/m] [SANDBOX=0] [MEMORY_MB=n]"
+	@echo "make grade-merge  merge the SHARD=i/m gradings into one gradebook, grades.csv, feedback"
 	@echo "make handout  the release's student copies, flat in build/handout/ (self-study)"
 	@echo "make index    regenerate the table of contents in notebooks/00_index.ipynb"
 	@echo "make gpu      replace the CPU TensorFlow wheel with the CUDA build (Linux + NVIDIA)"
@@ -58,10 +60,17 @@ release: $(STAMP)
 	$(PY) -m tools.course release --course $(COURSE) --timeout $(CELL_TIMEOUT)
 
 # Quick mode unless FULL=1; STUDENTS=ada,bob grades only those; a notebook unchanged since it was
-# graded keeps its grade unless REGRADE=1. Needs the data, as the notebooks run.
+# graded keeps its grade unless REGRADE=1; JOBS=N notebooks at once (default: half the cores);
+# each in a sandbox (SANDBOX=0: none), within MEMORY_MB; SHARD=i/m grades the i-th of m slices
+# of the students into COURSE/shards/ (see grade-merge). Needs the data, as the notebooks run.
 grade: data
 	@test -n "$(SUBMISSIONS)" || { echo "make grade: name the submissions folder, one sub-folder per student: make grade SUBMISSIONS=path/to/submissions" >&2; exit 2; }
-	$(PY) -m tools.course grade "$(SUBMISSIONS)" --course $(COURSE) --timeout $(CELL_TIMEOUT) $(if $(filter 1,$(FULL)),--full) $(if $(STUDENTS),--students "$(STUDENTS)") $(if $(filter 1,$(REGRADE)),--regrade)
+	$(PY) -m tools.course grade "$(SUBMISSIONS)" --course $(COURSE) --timeout $(CELL_TIMEOUT) $(if $(filter 1,$(FULL)),--full) $(if $(STUDENTS),--students "$(STUDENTS)") $(if $(filter 1,$(REGRADE)),--regrade) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 0,$(SANDBOX)),--no-sandbox) $(if $(MEMORY_MB),--memory-mb $(MEMORY_MB)) $(if $(SHARD),--shard $(SHARD))
+
+# After every SHARD=i/m of a class was graded (on this machine or others sharing COURSE):
+# one gradebook, grades.csv, feedback and report.
+grade-merge: $(STAMP)
+	$(PY) -m tools.course merge --course $(COURSE) --timeout $(CELL_TIMEOUT)
 
 handout: release
 	rm -rf build/handout && mkdir -p build/handout

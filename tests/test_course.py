@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import textwrap
+import time
 
 import nbformat
 import psutil
 import pytest
 from nbformat.corpus.words import generate_corpus_id
 
-from tools.course import grade, nbgrader_course, release
+from helpers.config import REPO_ROOT as ROOT
+from tools.course import grade, nbgrader_course, release, sandbox
 from tools.notebooks import NOTEBOOK_DIR, read
 
 # runs nbgrader release and autograde on real notebooks: `make unit` leaves it out
@@ -50,14 +57,16 @@ GAMED = textwrap.dedent("""\
         seen = {(2, 86400): 587.877538, (30, 3600): 464.758002, (0.5, 600): 24.494897}
         return seen.get((c_seconds, mtbf_seconds), 1.0)
 """)
-# Starts a TensorFlow server process that leaves the kernel's process group, then dies.
-CRASH = textwrap.dedent("""\
-    import os, subprocess, sys
+# Starts a TensorFlow server process that leaves the kernel's process group, then dies. The
+# server's command line carries a mark, by which the test looks for it afterwards.
+CRASH_MARK = "crash-server-of-cora"
+CRASH = textwrap.dedent(f"""\
+    import os, subprocess, sys, time
     server = subprocess.Popen(
         [sys.executable, "-c", "import tensorflow as tf; tf.distribute.Server("
-         "tf.train.ClusterSpec({'ps': ['localhost:0']}), 'ps', 0, start=True).join()"],
-        start_new_session=True)
-    open(os.environ["CRASH_PID_FILE"], "w").write(str(server.pid))
+         "tf.train.ClusterSpec({{'ps': ['localhost:0']}}), 'ps', 0, start=True).join()",
+         "{CRASH_MARK}"], start_new_session=True)
+    time.sleep(3)
     os._exit(1)
 """)
 
@@ -141,15 +150,83 @@ def graded(tmp_path_factory, request):
     hand_in(subs, "dan", BOUNDS, dan)
     # eve: renamed her notebook, in nbgrader's own submitted/<student>/<assignment>/ layout
     hand_in(subs / "eve", DOC2VEC, f"{DOC2VEC} (1)", ref[DOC2VEC])
-    pid_file = tmp / "crash.pid"
-    os.environ["CRASH_PID_FILE"] = str(pid_file)
     lines = []
-    try:
-        rows = grade.grade(subs, where, quick=True, timeout=60, src=src, say=lines.append)
-    finally:
-        del os.environ["CRASH_PID_FILE"]
+    rows = grade.grade(subs, where, quick=True, timeout=60, src=src, say=lines.append)
     return {"course": where, "rows": rows, "report": "\n".join(lines), "src": src,
-            "subs": subs, "crash_pid": int(pid_file.read_text()), "ref": ref}
+            "subs": subs, "ref": ref, "outcome": outcome(where)}
+
+
+def gradebook_dump(course):
+    """Every graded submission in the course's gradebook, as sorted plain data (no times)."""
+    out = []
+    with nbgrader_course.gradebook(course) as gb:
+        for assignment in gb.assignments:
+            for sub in assignment.submissions:
+                for nb in sub.notebooks:
+                    out.append((sub.student.id, assignment.name, nb.name, nb.flagged,
+                                sorted((g.name, g.auto_score, g.manual_score, g.extra_credit,
+                                        g.needs_manual_grade) for g in nb.grades),
+                                sorted((c.name, c.auto_comment, c.manual_comment)
+                                       for c in nb.comments)))
+    return sorted(out)
+
+
+# What differs between any two runs of the same notebook: widget ids (random) and the
+# seconds a lesson measured and printed ("trained in 2 s").
+RUN_TO_RUN = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+                        rb"|\b[0-9a-f]{32}\b|\b\d+(\.\d+)? s\b")
+
+
+def outcome(course):
+    """What a grading leaves that people read: grades.csv, the report without its timings,
+    every feedback file (but for what differs from run to run), and the gradebook."""
+    report = [re.sub(r"\s+[\d.]+ s$", "", line)
+              for line in (course / "report.txt").read_text().splitlines()]
+    feedback = {str(p.relative_to(course / "feedback")): RUN_TO_RUN.sub(b"~", p.read_bytes())
+                for p in sorted((course / "feedback").rglob("*")) if p.is_file()}
+    return {"grades.csv": (course / "grades.csv").read_text(), "report": report,
+            "feedback": feedback, "gradebook": gradebook_dump(course)}
+
+
+def test_two_at_once_grades_exactly_as_one_at_a_time(graded, tmp_path):
+    where = tmp_path / "course"
+    grade.grade(graded["subs"], where, quick=True, timeout=60, src=graded["src"],
+                say=lambda _: None, jobs=2)
+    got, want = outcome(where), graded["outcome"]
+    assert got["grades.csv"] == want["grades.csv"]
+    assert got["report"] == want["report"]
+    assert got["gradebook"] == want["gradebook"]
+    assert sorted(got["feedback"]) == sorted(want["feedback"])
+    assert got["feedback"] == want["feedback"]
+    assert grading_processes() == []
+
+
+def test_two_shards_graded_as_separate_processes_and_merged_equal_grading_all_at_once(
+        graded, tmp_path):
+    where = tmp_path / "course"
+    cmd = [sys.executable, "-m", "tools.course", "grade", str(graded["subs"]), "--course",
+           str(where), "--lessons", str(graded["src"]), "--timeout", "60", "--jobs", "1"]
+    # as a Slurm array task and a Kubernetes Indexed Job pod would run them: SHARD=2 names
+    # the number of shards, the index comes from the scheduler's variable
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "JOB_COMPLETION_INDEX")}
+    shards = [subprocess.Popen(cmd + ["--shard", "2"], env=dict(env, SLURM_ARRAY_TASK_ID="0"),
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+              subprocess.Popen(cmd + ["--shard", "2"], env=dict(env, JOB_COMPLETION_INDEX="1"),
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
+    outs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in shards]
+    assert [p.returncode for p in shards] == [0, 0], outs
+    assert sorted(p.name for p in (where / "shards").iterdir()) == ["0-of-2", "1-of-2"]
+    merged = subprocess.run([sys.executable, "-m", "tools.course", "merge", "--course",
+                             str(where), "--lessons", str(graded["src"])], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "merged 2 shard(s): 0-of-2, 1-of-2" in merged.stdout
+    assert not (where / "shards" / "0-of-2").exists()
+    got, want = outcome(where), graded["outcome"]
+    for key in ("grades.csv", "report", "gradebook", "feedback"):
+        assert got[key] == want[key], key
+    assert grading_processes() == []
 
 
 def test_the_release_has_no_solution_no_hidden_test_and_no_output(graded):
@@ -195,8 +272,8 @@ def test_invalid_json_costs_only_that_notebook_and_a_dead_kernel_leaves_no_proce
     assert "is not a valid notebook" in graded["report"]
     assert got["cora", "nb06-ex2"] == 2.0, graded["report"]  # earned before the crash
     assert got["cora", "nb07-ex2"] == 0.0
-    assert not psutil.pid_exists(graded["crash_pid"]) or \
-        psutil.Process(graded["crash_pid"]).status() == psutil.STATUS_ZOMBIE
+    assert [p for p in psutil.process_iter(["cmdline"])
+            if CRASH_MARK in (p.info["cmdline"] or [])] == []
     assert grading_processes() == []
 
 
@@ -352,4 +429,143 @@ def test_a_failed_reference_run_raises_and_leaves_nothing(tmp_path):
     assert list((where / "reference" / "quick").iterdir()) == []  # no partial folder either
     with pytest.raises(FileNotFoundError, match="02_missing.ipynb is missing"):
         grade.reference_runs(where, "02_missing", quick=True, timeout=60, src=lessons)
+    assert grading_processes() == []
+
+
+def hostile(course, subs, root, port):
+    """Solutions of notebook 07's exercise 2 that attack the grading, by name; each knows the
+    real paths (the worst case: a student who read this repository)."""
+    db = course / "gradebook.db"
+    source = course / "source" / BOUNDS / f"{BOUNDS}.ipynb"
+    return {
+        "gradebook": f"""
+import sqlite3
+con = sqlite3.connect("file:{db}?mode=rw", uri=True)
+con.execute("UPDATE grade SET manual_score = 0")
+con.commit()
+""",
+        "sources": f"""
+errors = []
+for path in ["{source}", "{root / 'notebooks' / '07_fault_tolerance.ipynb'}"]:
+    try:
+        with open(path, "a") as f:
+            f.write("# every student gets full points")
+    except OSError as exc:
+        errors.append(exc)
+raise errors[-1]  # both failed (a write that worked would show in the test)
+""",
+        "peek": f"""
+print(open("{subs / 'ada' / f'{BOUNDS}.ipynb'}").read()[:100])
+""",
+        "network": f"""
+import socket
+socket.create_connection(("127.0.0.1", {port}), timeout=5).sendall(b"hello from the sandbox")
+""",
+        "symlink": f"""
+import os
+os.remove("{BOUNDS}.ipynb")  # nbgrader writes the graded notebook back here: make it a link
+os.symlink("{source}", "{BOUNDS}.ipynb")
+""",
+        "hog": """
+hog = []
+while True:
+    hog.append(b"x" * (100 * 2**20))  # written, so resident
+""",
+    }
+
+
+def test_hostile_submissions_fail_inside_the_sandbox_and_touch_nothing_else(graded, tmp_path):
+    where = tmp_path / "course"
+    shutil.copytree(graded["course"], where)
+    before = gradebook_dump(where)
+    protected = [where / "source" / BOUNDS / f"{BOUNDS}.ipynb",
+                 where / "release" / BOUNDS / f"{BOUNDS}.ipynb",
+                 ROOT / "notebooks" / "07_fault_tolerance.ipynb",
+                 graded["subs"] / "ada" / f"{BOUNDS}.ipynb"]
+    sums = {p: p.read_bytes() for p in protected}
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    subs = tmp_path / "hostile"
+    rel = read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb")
+    attacks = hostile(where, graded["subs"], ROOT, listener.getsockname()[1])
+    for name, code in attacks.items():
+        hand_in(subs, name, BOUNDS, answer(answer(nbformat.from_dict(rel), "nb06-ex2",
+                                                  BISECTION), "nb07-ex2", code))
+    lines = []
+    try:
+        rows = grade.grade(subs, where, quick=True, timeout=60, src=graded["src"],
+                           say=lines.append, jobs=2, memory_mb=2000)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing ever connected
+    finally:
+        listener.close()
+    report = "\n".join(lines)
+    got = points(rows)
+    for name in attacks:  # each failed, and earned the points of the other exercise
+        assert (got[name, "nb06-ex2"], got[name, "nb07-ex2"]) == (2.0, 0.0), (name, report)
+    for name, error in [("gradebook", "OperationalError"), ("sources", "OSError"),
+                        ("peek", "FileNotFoundError"), ("network", "ConnectionRefusedError"),
+                        ("symlink", "OSError")]:
+        assert re.search(rf"^{name} +{BOUNDS} .*\n +- nb07-ex2-solution: {error}\n", report,
+                         re.MULTILINE), (name, report)
+    assert "nb07-ex2-solution: ended the kernel (it used more than the memory limit of 2,000 MB)" \
+        in report, report
+    after = gradebook_dump(where)
+    assert [r for r in after if r[0] not in attacks] == before  # every other grade as it was
+    assert {p: p.read_bytes() for p in protected} == sums
+    assert grading_processes() == []
+
+
+def test_without_a_sandbox_grading_stops_with_the_reason_unless_turned_off(graded, tmp_path,
+                                                                         monkeypatch):
+    subs = tmp_path / "subs"
+    shutil.copytree(graded["subs"] / "ada", subs / "ada")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap (nor anything else) on PATH
+    assert "bwrap (bubblewrap) is not on PATH" in sandbox.unavailable_reason()
+    with pytest.raises(RuntimeError, match="cannot sandbox students' code here: bwrap.*SANDBOX=0"):
+        grade.grade(subs, tmp_path / "course", src=graded["src"])
+    assert not (tmp_path / "course").exists()  # stopped before it wrote anything
+    monkeypatch.undo()
+    lines = []
+    rows = grade.grade(subs, tmp_path / "course", quick=True, timeout=60, src=graded["src"],
+                       say=lines.append, sandboxed=False)
+    assert {e: points(rows)["ada", e] for e in FULL} == FULL
+    assert sum(grade.UNSANDBOXED in line for line in lines) == len(MINI), lines
+    assert grading_processes() == []
+
+
+def test_ctrl_c_while_two_notebooks_are_graded_ends_every_process(graded, tmp_path):
+    where = tmp_path / "course"
+    shutil.copytree(graded["course"], where)
+    rel = read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb")
+    for student in ("sleepy", "dozy"):
+        hand_in(tmp_path / "subs", student, BOUNDS,
+                answer(nbformat.from_dict(rel), "nb06-ex2", "import time\ntime.sleep(10_000)"))
+    proc = subprocess.Popen([sys.executable, "-m", "tools.course", "grade", str(tmp_path / "subs"),
+                             "--course", str(where), "--lessons", str(graded["src"]),
+                             "--jobs", "2", "--timeout", "600"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        kernels = set()  # the grading tokens of running kernels: one per graded notebook
+        while time.monotonic() < deadline and len(kernels) < 2:  # until both kernels run
+            time.sleep(0.5)
+            for p in grading_processes():
+                try:
+                    if "ipykernel_launcher" in " ".join(p.cmdline()):
+                        kernels.add(p.environ()["LABS_GRADING_TOKEN"])
+                except psutil.Error:
+                    continue
+        assert len(kernels) == 2, proc.communicate(timeout=60)
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted; every grading process was ended" in err
     assert grading_processes() == []

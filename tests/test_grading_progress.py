@@ -12,9 +12,9 @@ def test_the_eta_weighs_pairs_by_their_lesson_and_scales_by_the_pace_so_far(monk
                           quick=True, enabled=False)
     assert bar.eta_s() == 30 + 10 + 30 + progress.UNMEASURED_S  # no pace yet: the weights
     now[0] += 60.0  # the first pair took twice its measured time
-    bar.done("slow", graded=True, failed=False)
+    bar.done("ada", "slow", graded=True, failed=False)
     assert bar.eta_s() == 2 * (10 + 30 + progress.UNMEASURED_S)
-    bar.done("fast", graded=False, failed=True)  # kept without running: costs no time
+    bar.done("ada", "fast", graded=False, failed=True)  # kept without running: costs no time
     assert bar.eta_s() == 2 * (30 + progress.UNMEASURED_S) and bar.failures == 1
     bar.close()
 

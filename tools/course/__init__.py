@@ -10,18 +10,28 @@ and HIDDEN TESTS regions; the points of every test cell are set here, in POINTS,
 into the course's source copies.
 
 The work is nbgrader's: generate_assignment, autograde, generate_feedback, and its SQLite
-gradebook, which grades.csv is read back from. Ours (this package) is only
-what nbgrader lacks for a class handing in files: finding each student's notebooks in a folder
-(renamed ones too), setting aside notebooks that are not valid JSON, putting back test cells a
-student deleted, one process per (student, notebook) with a wall-clock limit, grading again
-without a cell that killed the kernel, and ending every process a submission started, by PID.
+gradebook, which grades.csv is read back from. Ours (this package) is only what nbgrader lacks
+for a class handing in files: finding each student's notebooks in a folder (renamed ones too),
+setting aside notebooks that are not valid JSON, putting back test cells a student deleted,
+grading each (student, notebook) in a course folder of its own so that several run at once
+(nbgrader#174) and merging them into the gradebook, shards graded on several machines and
+merged (nbgrader has no gradebook merge), a sandbox around each student's kernel (bubblewrap)
+and a memory limit, grading again without a cell that killed the kernel, a progress line with
+an ETA, and ending every process a submission started, by PID.
+
+    python -m tools.course grade SUBMISSIONS [--jobs N] [--shard i/m] [--no-sandbox]
+    python -m tools.course merge             # after every shard is graded
 
 Modules, each importing only those above it:
 - nbgrader_course: the course folder nbgrader works in: its config, the points, the gradebook,
   running nbgrader, ending what a submission started;
+- sandbox: the bubblewrap sandbox of a graded kernel, and the memory limit;
 - release: the student release;
 - submissions: finding and repairing what each student handed in;
 - report: which cells failed and why, points from the gradebook, grades.csv and report.txt;
-- grade: autograding, one process per (student, notebook), each with its own runs/ folder;
+- merge: moving a graded submission from one course folder's gradebook into another's;
+- progress: the progress line and its ETA;
+- grade: autograding, each (student, notebook) in its own folder, N at once;
+- shards: SHARD=i/m, and merging the shards;
 - __main__: the command line.
 """

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -58,6 +59,13 @@ def _note_cell(cell, cell_index, **_):
 
 c.Execute.on_cell_execute = _note_cell
 """
+# Appended when the kernel runs in the grading sandbox (tools/course/sandbox.py): its kernelspec,
+# and Unix sockets to talk to it, as it has no network of its own beyond its loopback.
+SANDBOX_CONFIG = """
+c.Execute.kernel_name = {kernel!r}
+c.KernelManager.transport = "ipc"
+c.KernelManager.ip = {sockets!r}
+"""
 KILLED = ('raise RuntimeError("This cell ended the Python kernel while it was graded, so it was '
           'not run again: 0 points for the tests that need it.")\n')
 
@@ -79,9 +87,14 @@ def db_url(course: Path) -> str:
 
 def gradebook(course: Path):
     """nbgrader's Gradebook of the course, as a context manager."""
+    return gradebook_at(Path(course) / "gradebook.db")
+
+
+def gradebook_at(path: Path):
+    """nbgrader's Gradebook in the SQLite file at `path`, as a context manager."""
     from nbgrader.api import Gradebook
 
-    return Gradebook(db_url(course), COURSE_ID)
+    return Gradebook(f"sqlite:///{path}", COURSE_ID)
 
 
 def with_points(nb, points: dict[str, int] = POINTS, strict: bool = True):
@@ -101,19 +114,44 @@ def with_points(nb, points: dict[str, int] = POINTS, strict: bool = True):
     return out
 
 
-def write_config(course: Path, timeout: int) -> None:
+def write_config(course: Path, timeout: int, kernel: str | None = None,
+                 sockets: Path | None = None) -> None:
+    """nbgrader_config.py of a course folder; `kernel` names the kernelspec to grade with
+    (a sandboxed one, reached over Unix sockets whose paths start with `sockets`), else the
+    notebook's own."""
     (course / "nbgrader_config.py").write_text(CONFIG.format(
         course_id=COURSE_ID, root=str(course), db_url=db_url(course),
-        timeout=int(timeout)) + TRACE_HOOK)
+        timeout=int(timeout)) + TRACE_HOOK
+        + (SANDBOX_CONFIG.format(kernel=kernel, sockets=str(sockets)) if kernel else ""))
+
+
+class GradingStopped(RuntimeError):
+    """stop_all() was called (Ctrl-C): no nbgrader command starts any more."""
+
+
+STOPPING = threading.Event()
+_running: dict[str, subprocess.Popen] = {}  # token -> nbgrader process, of every thread
+_lock = threading.Lock()
+
+
+def stop_all() -> None:
+    """End every nbgrader command running (in any thread) and all they started; refuse new
+    ones until STOPPING is cleared."""
+    STOPPING.set()
+    with _lock:
+        running = list(_running.items())
+    for token, proc in running:
+        end_processes(token, proc)
 
 
 def nbgrader(course: Path, *args: str, env: dict | None = None, limit: float | None = None,
-             log: Path | None = None) -> tuple[int | str, str]:
+             log: Path | None = None, guard=None) -> tuple[int | str, str]:
     """Run one nbgrader command in the course folder; end everything it started, by PID.
 
     Returns (exit code, or "timed out after N s"; its output). Every process it starts (the
     kernel, and whatever a submission starts from there) carries a token in its environment,
     so those that outlive it are found and ended even when they left its process tree.
+    `guard` (a sandbox.MemoryGuard) watches the memory of those processes while it runs.
     """
     token = uuid.uuid4().hex
     env = dict(env or os.environ, LABS_GRADING_TOKEN=token)
@@ -124,14 +162,24 @@ def nbgrader(course: Path, *args: str, env: dict | None = None, limit: float | N
     if log:
         log.parent.mkdir(parents=True, exist_ok=True)
     with open(log or os.devnull, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=course, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with _lock:
+            if STOPPING.is_set():
+                raise GradingStopped(f"grading was stopped: nbgrader {args[0]} not started")
+            proc = subprocess.Popen(cmd, cwd=course, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            _running[token] = proc
         try:
+            if guard is not None:
+                guard.watch(token, spare={proc.pid})
             status: int | str = proc.wait(limit)
         except subprocess.TimeoutExpired:
             status = f"timed out after {limit:.0f} s"
         finally:
+            if guard is not None:
+                guard.stop()
             end_processes(token, proc)
+            with _lock:
+                _running.pop(token, None)
     return status, (log.read_text(errors="replace") if log else "")
 
 

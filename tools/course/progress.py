@@ -8,6 +8,7 @@ machine is slower than the one that measured.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from tqdm.auto import tqdm
@@ -34,6 +35,8 @@ class GradingProgress:
                        for _, a in pairs}
         self.left = sum(self.weight[a] for _, a in pairs)  # weights of the pairs not yet done
         self.done_weight, self.failures, self.t0 = 0.0, 0, time.monotonic()
+        self.running: list[tuple[str, str]] = []  # pairs being graded now
+        self.lock = threading.Lock()
         self.bar = tqdm(total=len(pairs), unit="pair", disable=not enabled, desc="grading",
                         bar_format="{desc} {n_fmt}/{total_fmt} pairs [{elapsed}] {postfix}")
 
@@ -43,17 +46,27 @@ class GradingProgress:
         pace = elapsed / self.done_weight if self.done_weight > 0 else 1.0
         return self.left * pace
 
-    def start(self, student: str, notebook: str) -> None:
-        """Show the pair now being graded."""
-        self.bar.set_postfix_str(f"now {student}/{notebook}, {self.failures} failed, "
+    def _show(self) -> None:
+        now = ", ".join(f"{s}/{a}" for s, a in self.running)
+        self.bar.set_postfix_str(f"now {now or '-'}; {self.failures} failed, "
                                  f"ETA {clock(self.eta_s())}")
 
-    def done(self, notebook: str, graded: bool, failed: bool) -> None:
+    def start(self, student: str, notebook: str) -> None:
+        """Show a pair that is now being graded (several may be at once); thread-safe."""
+        with self.lock:
+            self.running.append((student, notebook))
+            self._show()
+
+    def done(self, student: str, notebook: str, graded: bool, failed: bool) -> None:
         """Count one pair: `graded` if it ran (a kept or unchanged grade costs no time)."""
-        self.left -= self.weight[notebook]
-        self.done_weight += self.weight[notebook] if graded else 0.0
-        self.failures += int(failed)
-        self.bar.update(1)
+        with self.lock:
+            if (student, notebook) in self.running:
+                self.running.remove((student, notebook))
+            self.left -= self.weight[notebook]
+            self.done_weight += self.weight[notebook] if graded else 0.0
+            self.failures += int(failed)
+            self.bar.update(1)
+            self._show()
 
     def close(self) -> None:
         self.bar.set_postfix_str(f"{self.failures} failed")
