@@ -6,7 +6,7 @@ fixed cost of one pair, and the wall time projected for a class.
 Every generated student hands in the lessons with their reference solutions (full points, so
 every cell runs). Each JOBS setting grades the same submissions into a fresh copy of one
 prepared course folder (release and the reference runs made once, before any timing). The
-fixed cost is measured on a one-cell lesson: nbgrader's start, the sandboxed kernel's start,
+fixed cost is measured on a lesson of one exercise that does no work: nbgrader's start, the sandboxed kernel's start,
 the feedback page and the merge into the gradebook, with no lesson work.
 
 Figures are measured side by side in one run; the machine's speed drifts between runs.
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import nbformat
+from nbformat.corpus.words import generate_corpus_id
 
 from tools.course import grade, release
 from tools.course.grade import NEEDS, reference_runs
@@ -36,18 +37,17 @@ CLASS, CORES = 150, 16  # the projection's class and machine
 
 
 def trivial_lesson(folder: Path) -> Path:
-    """A lesson with one exercise whose cells do no work: grading it costs only the fixed
-    per-pair work."""
+    """A lesson of one exercise that does no work (notebook 07's exercise 2, a formula, with
+    its reference solution): grading it costs only the fixed per-pair work."""
     folder.mkdir(parents=True)
-    nb = nbformat.v4.new_notebook(metadata=read(notebook_paths()[1]).metadata)
-    meta = {"grade": False, "locked": False, "schema_version": 3, "solution": True,
-            "task": False, "grade_id": "nb99-ex1-solution"}
-    test = {"grade": True, "locked": True, "schema_version": 3, "solution": False,
-            "task": False, "grade_id": "nb99-ex1-test", "points": 1}
-    nb.cells = [nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION",
-                                          metadata={"nbgrader": meta}),
-                nbformat.v4.new_code_cell("assert x == 1\n### BEGIN HIDDEN TESTS\nassert x\n"
-                                          "### END HIDDEN TESTS", metadata={"nbgrader": test})]
+    source = next(p for p in notebook_paths() if p.name.startswith("07_"))
+    lesson = read(source)
+    nb = nbformat.v4.new_notebook(metadata=lesson.metadata)
+    nb.cells = [c for c in lesson.cells
+                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+                .startswith("nb07-ex2-")]
+    for cell in nb.cells:  # cells from nbformat 4.4 lessons have no id; 4.5 wants one
+        cell.setdefault("id", generate_corpus_id())
     nbformat.write(nb, str(folder / "99_trivial.ipynb"))
     return folder
 

@@ -229,6 +229,13 @@ def test_two_shards_graded_as_separate_processes_and_merged_equal_grading_all_at
     assert grading_processes() == []
 
 
+def test_releasing_again_an_unchanged_lesson_runs_nothing(graded):
+    logs = {p: p.stat().st_mtime_ns for p in (graded["course"] / "logs").glob("release-*")}
+    assert len(logs) == len(MINI)
+    release.release(graded["course"], graded["src"], timeout=60)
+    assert {p: p.stat().st_mtime_ns for p in logs} == logs  # nbgrader was not run again
+
+
 def test_the_release_has_no_solution_no_hidden_test_and_no_output(graded):
     for name in MINI:
         released = read(graded["course"] / "release" / name / f"{name}.ipynb")

@@ -212,12 +212,19 @@ def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> tu
                      + (f" ({last[0].strip()[:160]})" if last else ""))
         return work, False, notes
     notes += cell_errors(here / f"{a}.ipynb")
-    status, log = nbgrader(work, "generate_feedback", a, "--student", student, "--force",
-                           log=st.course / "logs" / f"feedback-{student}-{a}.log")
-    if status != 0:
-        notes.append(f"nbgrader generate_feedback failed ({status}); see "
-                     f"logs/feedback-{student}-{a}.log")
     return work, True, notes
+
+
+def feedback(course: Path, assignment: str, students: list[str]) -> str | None:
+    """nbgrader's feedback pages of `assignment` for `students`, all in one nbgrader process
+    (its start costs about as much as grading a notebook that does no work); None, or what
+    went wrong."""
+    others = sorted({p.name for p in (course / "autograded").iterdir()} - set(students))
+    status, _ = nbgrader(course, "generate_feedback", assignment, "--force",
+                         f"--CourseDirectory.student_id_exclude={','.join(others)}",
+                         log=course / "logs" / f"feedback-{assignment}.log")
+    return None if status == 0 else (f"nbgrader generate_feedback failed ({status}); see "
+                                     f"logs/feedback-{assignment}.log")
 
 
 def merge_pair(course: Path, work: Path, student: str, a: str, ok: bool) -> None:
@@ -344,6 +351,7 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
                       references={lesson: reference_runs(course, lesson, quick, timeout, src, say)
                                   for lesson in sorted(needed)})
         STOPPING.clear()
+        graded_ok: dict[str, list[str]] = {}  # notebook -> students graded now, to give feedback
         pool = ThreadPoolExecutor(max_workers=jobs)
         running = {}
         for student, a, f, stamp in todo:
@@ -359,6 +367,8 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
                     write_json(course / "graded" / student / f"{a}.json",
                                {"stamp": stamp, "notes": notes})
                 report[student, a] = (seconds, notes, "graded")
+                if ok:
+                    graded_ok.setdefault(a, []).append(student)
                 bar.done(student, a, graded=True,
                          failed=any("autograde failed" in n for n in notes))
         except BaseException:  # Ctrl-C, or a pair failed in our code: end every pair's processes
@@ -369,6 +379,10 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
             bar.close()
             raise
         pool.shutdown()
+        for a, done in sorted(graded_ok.items()):
+            problem = feedback(course, a, done)
+            for student in done if problem else []:
+                report[student, a][1].append(problem)
     bar.close()
     rows = gradebook_rows(course, students, assignments)
     pairs = [(s, a, *report[s, a]) for s in students for a in assignments]
