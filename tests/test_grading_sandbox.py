@@ -34,6 +34,7 @@ def test_inside_hidden_folders_are_empty_and_only_the_writable_ones_take_writes(
         "    except OSError as exc:\n"
         "        print(type(exc).__name__)\n"
         "print(sorted(name for _, name in socket.if_nameindex()))\n"
+        "print(os.listdir('/run'))\n"
     ) % (str(other / "theirs.txt"), str(secret / "new.txt"))
     cmd = sandbox.bwrap_command(writable=[out], hidden=[secret], workdir=out, readable=[keep])
     run = subprocess.run(cmd + [sys.executable, "-c", script], capture_output=True, text=True,
@@ -46,6 +47,7 @@ def test_inside_hidden_folders_are_empty_and_only_the_writable_ones_take_writes(
     # folder is read-only
     assert lines[2:4] == ["FileNotFoundError", "OSError"]
     assert lines[4] == "['lo']"  # its own network namespace: a loopback only
+    assert lines[5] == "[]"  # no host Unix socket (they live in /run)
     assert (out / "mine.txt").read_text() == "ok"
     assert (other / "theirs.txt").read_text() == "another student's"
     assert not (secret / "new.txt").exists()

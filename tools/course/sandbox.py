@@ -6,9 +6,9 @@ Flatpak uses; Debian's `bubblewrap` package), which needs no root: it uses an un
 user namespace. Inside it:
 
 - the file system is read-only, and the course folder, the submissions folder, the lessons
-  with their solutions (notebooks/, tests/, build/, .git) and the grader's home are replaced by
-  empty read-only folders; the Python installation, the helper package and the datasets stay
-  readable;
+  with their solutions (notebooks/, tests/, build/, .git), the grader's home and /run (the
+  host's Unix sockets) are replaced by empty read-only folders; the Python installation,
+  the helper package and the datasets stay readable;
 - it can write only the notebook's runs/ folder, its kernel's socket folder and a private
   /tmp; the folder the notebook runs in is read-only, so that nothing there (a symbolic link
   put in place of the notebook, say) can redirect what nbgrader writes after the kernel ends;
@@ -77,7 +77,9 @@ def bwrap_command(writable: list[Path], hidden: list[Path], workdir: Path,
     """
     home = Path.home()
     repo = config.REPO_ROOT
-    hide = [Path(p) for p in hidden] + [repo / part for part in SECRET_PARTS]
+    # /run holds the host's Unix sockets (D-Bus, a container engine's): reachable through the
+    # file system whatever the network namespace
+    hide = [Path(p) for p in hidden] + [repo / part for part in SECRET_PARTS] + [Path("/run")]
     if home != Path("/"):
         hide.append(home)
     readable = [*readable, repo, Path(sys.prefix), Path(sys.base_prefix), config.data_dir(),
@@ -88,7 +90,8 @@ def bwrap_command(writable: list[Path], hidden: list[Path], workdir: Path,
     mounts += [(Path(p).resolve(), "rw") for p in writable]
     # a readable folder under a hidden one comes back; one that holds a hidden one stays
     # visible around it: mounting by depth (parents first) gives both
-    mounts = sorted({m for m in mounts if m[0].exists()}, key=lambda m: len(m[0].parts))
+    mounts = sorted({m for m in mounts if m[0].exists()},
+                    key=lambda m: (len(m[0].parts), m[1], str(m[0])))
     cmd = ["bwrap", *_isolation(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
            "--tmpfs", "/tmp"]
     for path, kind in mounts:
