@@ -66,8 +66,14 @@ def timed_grading(template: Path, subs: Path, src: Path | None, quick: bool, job
     course = work / f"course-jobs{jobs}-{src.name if src else 'lessons'}"
     shutil.copytree(template, course)
     t0 = time.perf_counter()
-    grade.grade(subs, course, quick=quick, timeout=900, src=src, say=lambda _: None, jobs=jobs)
+    rows = grade.grade(subs, course, quick=quick, timeout=900, src=src, say=lambda _: None,
+                       jobs=jobs)
     wall = time.perf_counter() - t0
+    short = [f"{r['student']} {r['exercise']}: {r['points']}/{r['max_points']}" for r in rows
+             if r["points"] != r["max_points"]]
+    if short:  # reference solutions: anything less means the grading itself went wrong
+        raise SystemExit(f"JOBS={jobs}: reference solutions lost points ({', '.join(short)})."
+                         f" The report:\n{(course / 'report.txt').read_text()}")
     per = {}
     for student, a, seconds, _notes, outcome in json.loads((course / "report.json").read_text()):
         if outcome == "graded":
