@@ -568,7 +568,7 @@ def test_ctrl_c_while_two_notebooks_are_graded_ends_every_process(graded, tmp_pa
         assert len(kernels) == 2, proc.communicate(timeout=60)
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -30,8 +30,9 @@ Modules, each importing only those above it:
 - submissions: finding and repairing what each student handed in;
 - report: which cells failed and why, points from the gradebook, grades.csv and report.txt;
 - merge: moving a graded submission from one course folder's gradebook into another's;
+- pair: one (student, notebook) graded in a course folder of its own, and merged back;
 - progress: the progress line and its ETA;
-- grade: autograding, each (student, notebook) in its own folder, N at once;
+- grade: autograding a class, N pairs at once, and what needs no running;
 - shards: SHARD=i/m, and merging the shards;
 - __main__: the command line.
 """

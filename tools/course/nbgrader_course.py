@@ -139,9 +139,8 @@ def stop_all() -> None:
     ones until STOPPING is cleared."""
     STOPPING.set()
     with _lock:
-        running = list(_running.items())
-    for token, proc in running:
-        end_processes(token, proc)
+        running = dict(_running)
+    end_processes(set(running), procs=list(running.values()))  # killed at once, waited once
 
 
 def nbgrader(course: Path, *args: str, env: dict | None = None, limit: float | None = None,
@@ -183,14 +182,16 @@ def nbgrader(course: Path, *args: str, env: dict | None = None, limit: float | N
     return status, (log.read_text(errors="replace") if log else "")
 
 
-def end_processes(token: str, proc: subprocess.Popen | None = None) -> list[int]:
-    """SIGKILL every process whose environment holds LABS_GRADING_TOKEN=token; their PIDs."""
-    found = []
-    if proc is not None and proc.poll() is None:
-        found.append(psutil.Process(proc.pid))
+def end_processes(token: str | set[str], proc: subprocess.Popen | None = None,
+                  procs: list[subprocess.Popen] = ()) -> list[int]:
+    """SIGKILL every process whose environment holds LABS_GRADING_TOKEN=token (one token or
+    several), and `proc`/`procs`; wait for them all at once; their PIDs."""
+    tokens = {token} if isinstance(token, str) else set(token)
+    mine = [q for q in [proc, *procs] if q is not None]
+    found = [psutil.Process(q.pid) for q in mine if q.poll() is None]
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.environ().get("LABS_GRADING_TOKEN") == token:
+            if p.pid != os.getpid() and p.environ().get("LABS_GRADING_TOKEN") in tokens:
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -200,6 +201,6 @@ def end_processes(token: str, proc: subprocess.Popen | None = None) -> list[int]
         except psutil.Error:
             pass
     psutil.wait_procs(found, timeout=10)
-    if proc is not None:
-        proc.wait()
+    for q in mine:
+        q.wait()
     return [p.pid for p in found]
