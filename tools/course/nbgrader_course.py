@@ -188,13 +188,7 @@ def end_processes(token: str | set[str], proc: subprocess.Popen | None = None,
     several), and `proc`/`procs`; wait for them all at once; their PIDs."""
     tokens = {token} if isinstance(token, str) else set(token)
     mine = [q for q in [proc, *procs] if q is not None]
-    found = [psutil.Process(q.pid) for q in mine if q.poll() is None]
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.environ().get("LABS_GRADING_TOKEN") in tokens:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
+    found = [psutil.Process(q.pid) for q in mine if q.poll() is None] + token_processes(tokens)
     for p in found:
         try:
             p.send_signal(signal.SIGKILL)
@@ -204,3 +198,17 @@ def end_processes(token: str | set[str], proc: subprocess.Popen | None = None,
     for q in mine:
         q.wait()
     return [p.pid for p in found]
+
+
+def token_processes(tokens: set[str], spare: set[int] = frozenset()) -> list[psutil.Process]:
+    """Processes (not this one, nor `spare`) whose environment holds LABS_GRADING_TOKEN in
+    `tokens`: everything a grading command started, even what left its process tree."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if (p.pid != os.getpid() and p.pid not in spare
+                    and p.environ().get("LABS_GRADING_TOKEN") in tokens):
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found

@@ -37,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from helpers import config
+from tools.course.nbgrader_course import token_processes
 
 KERNEL_NAME = "labs-sandbox"
 # Folders of the repository whose content a graded notebook must not see: the lessons with
@@ -169,13 +170,7 @@ class MemoryGuard:
 
     def _watch(self, token: str, spare: set[int]) -> None:
         while not self._stop.wait(self.every_s):
-            members = []
-            for p in psutil.process_iter():
-                try:
-                    if p.pid not in spare and p.environ().get("LABS_GRADING_TOKEN") == token:
-                        members.append(p)
-                except (psutil.Error, OSError):
-                    continue
+            members = token_processes({token}, spare)
             used = 0.0
             for p in members:
                 try:
