@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 
 from helpers.cluster.events import Kind
 from helpers.training import models
@@ -11,12 +12,12 @@ class EvaluatorLoop:
     """Evaluate each checkpoint the PS announces; log test accuracy against wall time."""
 
     def __init__(self, node, run_dir, log, model, res, test):
-        self.node, self.tf, self.run_dir, self.log = node, node.tf, run_dir, log
+        self.node, self.run_dir, self.log = node, run_dir, log
         self.model, self.res = model, res
         self.score = models.accuracy_fn(model, *test)
 
     def run(self) -> dict:
-        tf, raw = self.tf, self.tf.raw_ops
+        raw = tf.raw_ops
         evaluated = 0
         while True:
             try:

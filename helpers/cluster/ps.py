@@ -14,6 +14,7 @@ import threading
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from helpers import files
 from helpers.cluster import protocol
@@ -30,7 +31,7 @@ class PSLoop:
     """Hold the parameters, apply pushes by the rules of the mode, hand out step tokens."""
 
     def __init__(self, node, cfg, run_dir, log, model, res, worker_pids, test):
-        self.node, self.tf, self.cfg, self.run_dir, self.log = node, node.tf, cfg, run_dir, log
+        self.node, self.cfg, self.run_dir, self.log = node, cfg, run_dir, log
         self.model, self.res, self.test = model, res, test
         self.worker_pids = {int(k): v for k, v in (worker_pids or {}).items()}
         self.alive = set(cfg.worker_ids)
@@ -49,7 +50,7 @@ class PSLoop:
 
     # ----------------------------------------------------------- helpers
     def _init_vars(self):
-        tf, raw, res = self.tf, self.tf.raw_ops, self.res
+        raw, res = tf.raw_ops, self.res
         values = [v.numpy() for v in self.model.trainable_variables]
         ckpt_dir = self.run_dir / "ckpt"
         if self.cfg.resume and (ckpt_dir / "latest.json").exists():
@@ -66,17 +67,16 @@ class PSLoop:
         raw.AssignVariableOp(resource=res.stopped, value=tf.constant(0, tf.int64))
 
     def _values(self):
-        raw, tf = self.tf.raw_ops, self.tf
+        raw = tf.raw_ops
         return [raw.ReadVariableOp(resource=h, dtype=tf.float32).numpy() for h in self.res.vars]
 
     def _grant(self, worker: int, token: Token) -> None:
         """Put one step token in the worker's queue."""
-        self.tf.raw_ops.QueueEnqueueV2(handle=self.res.tokens[worker],
-                                       components=[self.tf.constant(token, self.tf.int64)])
+        tf.raw_ops.QueueEnqueueV2(handle=self.res.tokens[worker],
+                                       components=[tf.constant(token, tf.int64)])
 
     def _tickets(self, numbers, lrs):
         """Hand out async tickets: (update number, learning rate) pairs, in this order."""
-        tf = self.tf
         tf.raw_ops.QueueEnqueueManyV2(handle=self.res.tickets, components=[
             tf.constant(numbers, tf.int64), tf.constant(lrs, tf.float32)])
 
@@ -98,14 +98,14 @@ class PSLoop:
         self.log.write(Kind.CHECKPOINT, version=self.version, file=name)
         self.last_ckpt = self.version
         if self.cfg.evaluator:
-            self.tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt,
-                                           components=[self.tf.constant(self.version, self.tf.int64)])
+            tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt,
+                                           components=[tf.constant(self.version, tf.int64)])
 
     def _watch_workers(self):
         """Tell the PS loop (through its own queue) when a worker process dies."""
         import psutil
 
-        raw, tf = self.tf.raw_ops, self.tf
+        raw = tf.raw_ops
         while not self.stop_event.wait(0.2):
             if self._silent_too_long():
                 return
@@ -149,7 +149,7 @@ class PSLoop:
         self.timed_out = True
         self.log.write(Kind.TIMEOUT, silent_s=timeout, workers=sorted(live))
         for handle in (self.res.grads, self.res.applied, self.res.join, self.res.done):
-            self.tf.raw_ops.QueueCloseV2(handle=handle, cancel_pending_enqueues=True)
+            tf.raw_ops.QueueCloseV2(handle=handle, cancel_pending_enqueues=True)
         return True
 
     def _timeout_error(self) -> RuntimeError:
@@ -192,7 +192,7 @@ class PSLoop:
 
     # ----------------------------------------------------------- main loop
     def run(self) -> dict:
-        tf, cfg = self.tf, self.cfg
+        cfg = self.cfg
         self._init_vars()
         watcher = threading.Thread(target=self._watch_workers, daemon=True)
         watcher.start()
@@ -206,9 +206,9 @@ class PSLoop:
                 self._grant(w, Token(clock=self.version, slowest=0))
             self._wait_all(self.res.join, set())
             if mode == "async":  # a worker that died warming up left its ticket: not a real one
-                left = int(self.tf.raw_ops.QueueSizeV2(handle=self.res.tickets))
+                left = int(tf.raw_ops.QueueSizeV2(handle=self.res.tickets))
                 if left:
-                    self.tf.raw_ops.QueueDequeueManyV2(handle=self.res.tickets, n=left,
+                    tf.raw_ops.QueueDequeueManyV2(handle=self.res.tickets, n=left,
                                                        component_types=[tf.int64, tf.float32])
             with self.lock:
                 joined = sorted(self.alive)
@@ -230,7 +230,7 @@ class PSLoop:
             self._finish()
             self.stop_event.set()
             if self.cfg.evaluator:
-                self.tf.raw_ops.QueueCloseV2(handle=self.res.ckpt,
+                tf.raw_ops.QueueCloseV2(handle=self.res.ckpt,
                                              cancel_pending_enqueues=True)
             if self.timed_out:
                 raise self._timeout_error() from exc
@@ -246,7 +246,7 @@ class PSLoop:
         are exactly that version, so checkpoints and faults land where they do in the other
         modes; the workers wait for the next block meanwhile.
         """
-        tf, raw, cfg = self.tf, self.tf.raw_ops, self.cfg
+        raw, cfg = tf.raw_ops, self.cfg
         fault = cfg.faults.get("ps")
         while self.version < cfg.steps:
             end = cfg.steps
@@ -285,7 +285,7 @@ class PSLoop:
 
     def _loop(self):
         """sync, SSP and backup: take each push off the queue and apply it by the mode's rules."""
-        tf, raw, cfg, mode = self.tf, self.tf.raw_ops, self.cfg, self.cfg.mode
+        raw, cfg, mode = tf.raw_ops, self.cfg, self.cfg.mode
         types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res.wire]
         agg = None  # SSP applies every push at once; sync and backup aggregate k of them
         if mode in ("sync", "backup"):
@@ -353,14 +353,14 @@ class PSLoop:
 
     def _finish(self):
         """Stop the workers: set the flag, close the queues so blocked ops return."""
-        raw, tf = self.tf.raw_ops, self.tf
+        raw = tf.raw_ops
         raw.AssignVariableOp(resource=self.res.stopped, value=tf.constant(1, tf.int64))
         for h in [self.res.grads, self.res.tickets, self.res.applied] + self.res.tokens:
             raw.QueueCloseV2(handle=h, cancel_pending_enqueues=True)
 
     def _wait_all(self, queue, seen: set) -> None:
         """Dequeue worker ids from a queue until every live worker is in `seen`."""
-        raw, tf = self.tf.raw_ops, self.tf
+        raw = tf.raw_ops
         while True:  # the watcher enqueues the id of a worker that dies, so this ends
             with self.lock:
                 if not (self.alive - seen):
@@ -376,8 +376,8 @@ class PSLoop:
         if (self.cfg.checkpoint_every or self.cfg.evaluator) and self.last_ckpt != self.version:
             self._checkpoint()
         if self.cfg.evaluator:  # -1: no more checkpoints in this run
-            self.tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt,
-                                           components=[self.tf.constant(-1, self.tf.int64)])
+            tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt,
+                                           components=[tf.constant(-1, tf.int64)])
         for var, value in zip(self.model.trainable_variables, self._values()):
             var.assign(value)
         acc = models.accuracy(self.model, *self.test)

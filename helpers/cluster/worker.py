@@ -14,6 +14,7 @@ import signal
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from helpers.training import compression
 from helpers.cluster import protocol
@@ -29,10 +30,9 @@ class WorkerLoop:
     """Pull parameters, compute a gradient on a local batch, push it; wait when the mode says."""
 
     def __init__(self, node, cfg, log, model, res, x, y):
-        self.node, self.tf, self.cfg, self.log = node, node.tf, cfg, log
+        self.node, self.cfg, self.log = node, cfg, log
         self.model, self.res, self.x, self.y = model, res, x, y
         self.downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
-        tf = self.tf
         self.acc = [tf.Variable(tf.zeros(v.shape), trainable=False)
                     for v in model.trainable_variables]
         self.version_read = tf.Variable(tf.constant(0, tf.int64), trainable=False)
@@ -47,7 +47,7 @@ class WorkerLoop:
         self._build_step()
 
     def _build_step(self):
-        tf, raw, model, res, cfg = self.tf, self.tf.raw_ops, self.model, self.res, self.cfg
+        raw, model, res, cfg = tf.raw_ops, self.model, self.res, self.cfg
         import keras
 
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -121,7 +121,7 @@ class WorkerLoop:
         """async, inside the step function on the PS's device: take the next ticket, apply the
         gradient as that update with its learning rate, then report it applied. A warm-up
         ticket applies and reports nothing."""
-        tf, raw, res, cfg, ps = self.tf, self.tf.raw_ops, self.res, self.cfg, self.node.ps
+        raw, res, cfg, ps = tf.raw_ops, self.res, self.cfg, self.node.ps
         with tf.control_dependencies(grads):  # hold no ticket while the gradient is in flight
             t = Ticket(*raw.QueueDequeueV2(handle=res.tickets,
                                            component_types=[tf.int64, tf.float32]))
@@ -149,7 +149,7 @@ class WorkerLoop:
         async worker takes that token first and applies under a warm-up ticket, which applies
         nothing. Downpour's other variants (n_fetch, n_push > 1) are traced only.
         """
-        tf, b, cfg = self.tf, self.cfg.batch_size, self.cfg
+        b, cfg = self.cfg.batch_size, self.cfg
         x, y = self.x[:b], self.y[:b]
         wait = cfg.mode in WAITING_MODES
         if not wait:
@@ -166,7 +166,7 @@ class WorkerLoop:
 
     def _token(self) -> Token:
         """Block until the PS grants this worker its next step."""
-        tf, raw = self.tf, self.tf.raw_ops
+        raw = tf.raw_ops
         with tf.device(self.node.ps):
             tok = raw.QueueDequeueV2(handle=self.res.tokens[self.node.task],
                                      component_types=[tf.int64])
@@ -185,7 +185,7 @@ class WorkerLoop:
         return delay
 
     def run(self) -> dict:
-        tf, cfg = self.tf, self.cfg
+        cfg = self.cfg
         n = len(self.x)
         order = self.rng.permutation(n)
         pos, step = 0, 0
@@ -195,7 +195,7 @@ class WorkerLoop:
         try:
             self._warm_up()  # after the PS's first token: it has initialised the parameters
             with tf.device(self.node.ps):
-                self.tf.raw_ops.QueueEnqueueV2(handle=self.res.join,
+                tf.raw_ops.QueueEnqueueV2(handle=self.res.join,
                                                components=[tf.constant(self.node.task, tf.int64)])
             while True:
                 if fault and step == fault["at"]:
@@ -233,12 +233,12 @@ class WorkerLoop:
                 step += 1
         except ended:
             with tf.device(self.node.ps):
-                stopped = int(self.tf.raw_ops.ReadVariableOp(resource=self.res.stopped,
+                stopped = int(tf.raw_ops.ReadVariableOp(resource=self.res.stopped,
                                                              dtype=tf.int64))
             if not stopped:
                 raise
         with tf.device(self.node.ps):
-            self.tf.raw_ops.QueueEnqueueV2(handle=self.res.done,
+            tf.raw_ops.QueueEnqueueV2(handle=self.res.done,
                                            components=[tf.constant(self.node.task, tf.int64)])
         self.log.write(Kind.DONE, worker=self.node.task, steps=step)
         return {"steps": step}
