@@ -370,19 +370,39 @@ ORPHAN_SCRIPT = textwrap.dedent("""
     c = LocalCluster(workers=1, isolate="auto").start()
     pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
     print(json.dumps(pids), flush=True)
+    if sys.argv[1] == "mid-run":  # train until killed: the nodes never look at stdin
+        c.train(mode="async", steps=10**6, train_size=6000, test_size=2000, progress=False,
+                run_id="orphan-mid-run")
     sys.stdin.read()  # wait to be killed
 """)
 
 
-def test_no_survivors_when_the_launcher_is_sigkilled(shared_data):
-    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+def _updates_so_far(run_dir) -> int:
+    try:
+        return (run_dir / "ps-0.jsonl").read_text().count('"kind": "update"')
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("when", ["idle", "mid-run"])
+@pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
+def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when, pdeathsig):
+    """LABS_PDEATHSIG=0 leaves only the portable lifeline (as on macOS): 0 survivors, idle and
+    in the middle of a run; with Linux's prctl as well, the same."""
+    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path), LABS_PDEATHSIG=pdeathsig)
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, when], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
     pids = []
     try:
         line = parent.stdout.readline()
         assert line, "the launcher script died before starting its cluster"
         pids = json.loads(line)
         assert all(psutil.pid_exists(p) for p in pids)
+        if when == "mid-run":  # wait for the run to be well under way
+            deadline = time.monotonic() + 120
+            while _updates_so_far(tmp_path / "orphan-mid-run") < 20:
+                assert time.monotonic() < deadline and parent.poll() is None, "no run started"
+                time.sleep(0.2)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         survivors = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],

@@ -35,7 +35,7 @@ def build(tmp_path_factory, shared_data):
         env.setenv("LABS_DATA_MIRROR", str(shared_data))
         env.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
         for name in NOTEBOOKS:
-            status, _, error = run_one(NOTEBOOK_DIR / f"{name}.ipynb", out, 600, show_progress=False)
+            status, _, error, _ = run_one(NOTEBOOK_DIR / f"{name}.ipynb", out, 600, show_progress=False)
             assert status == "ok", f"{name}: {error}"
     return out
 

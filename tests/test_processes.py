@@ -1,12 +1,17 @@
 """The process plumbing every launcher shares: ports, children, their results and their end."""
+import json
+import os
 import queue
+import signal
 import socket
+import subprocess
 import sys
 import time
 
 import psutil
 import pytest
 
+from helpers.config import REPO_ROOT
 from helpers.system.processes import ChildProcess, NoResult, end_all, free_ports, log_tail, wait_for_results
 
 
@@ -75,3 +80,77 @@ def test_end_all_ends_children_together_and_says_how_each_ended(tmp_path):
     assert ended["quick"]["how"] == "exited with code 0 before the teardown"
     assert ended["quick"]["eof_at"] <= ended["quick"]["gone_at"]
     assert not any(psutil.pid_exists(p.pid) for p in procs)
+
+
+# A parent that starts one child with `spawn`, prints the PIDs to watch, then waits to be
+# killed. The child is busy (mid-run) and has a grandchild in its process group that knows
+# nothing of lifelines; with WATCH=0 the child does not watch its lifeline at all.
+ORPHAN_PARENT = """
+import json, os, subprocess, sys
+from helpers.system.processes import spawn
+child = spawn([sys.executable, "-c", '''
+import os, subprocess, sys
+from helpers.system.processes import watch_lifeline
+watching = watch_lifeline() if os.environ["WATCH"] == "1" else False
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+print(watching, grandchild.pid, flush=True)
+while True:  # busy: a node in the middle of a run never looks at its parent
+    sum(range(10000))
+'''], stdout=subprocess.PIPE, text=True)
+watching, grandchild = child.stdout.readline().split()
+print(json.dumps({"watching": watching == "True", "pids": [child.pid, int(grandchild)]}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _kill_parent_and_count_survivors(pdeathsig: str, watch: str) -> tuple[bool, list[int]]:
+    env = dict(os.environ, LABS_PDEATHSIG=pdeathsig, WATCH=watch)
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT)
+    pids = []
+    try:
+        started = json.loads(parent.stdout.readline())
+        pids = started["pids"]
+        assert all(psutil.pid_exists(p) for p in pids)
+        parent.kill()
+        parent.wait(10)
+        alive = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+        survivors = psutil.wait_procs(alive, timeout=10)[1]
+        return started["watching"], [p.pid for p in survivors]
+    finally:
+        for p in pids:  # by PID, whatever the test found
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+        parent.stdin.close()
+        parent.stdout.close()
+
+
+@pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
+def test_a_busy_child_and_its_group_end_with_a_sigkilled_parent(pdeathsig):
+    """The portable lifeline alone (as on macOS) and with Linux's prctl: 0 survivors."""
+    watching, survivors = _kill_parent_and_count_survivors(pdeathsig, watch="1")
+    assert watching
+    assert survivors == [], f"orphans left running: {survivors}"
+
+
+def test_without_the_lifeline_and_prctl_the_child_survives():
+    """The control: LABS_PDEATHSIG=0 really turns the Linux call off, so the test above
+    measures the lifeline alone."""
+    watching, survivors = _kill_parent_and_count_survivors("0", watch="0")
+    assert not watching
+    assert len(survivors) == 2
+
+
+def test_a_lifeline_inherited_from_a_grandparent_is_not_watched():
+    """The variable names the parent's PID: a grandchild that inherits it (with a file
+    descriptor number that means something else there) does not read that descriptor."""
+    env = dict(os.environ, LABS_LIFELINE=f"0:{os.getpid() + 1}")
+    code = "from helpers.system.processes import watch_lifeline; print(watch_lifeline())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.stdout.strip() == "False", out.stderr

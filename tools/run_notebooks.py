@@ -1,7 +1,8 @@
 """Execute every notebook in order and write executed copies (.ipynb + .html) to build/.
 
 While a notebook runs, a progress bar shows its cells done, the section it is in and the
-elapsed time. Ends with a table of notebook, status and wall time; exits 1 if any notebook
+elapsed time, and a thread samples the memory of the kernel and every process it started.
+Ends with a table of notebook, status, wall time and peak memory; exits 1 if any notebook
 failed, 130 if interrupted (Ctrl-C).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbconvert import HTMLExporter
+import psutil
 from tqdm import tqdm
 from traitlets.config import Config
 
@@ -37,13 +40,61 @@ BUILD = Path(__file__).resolve().parent.parent / "build"
 RUN_TIMES = NOTEBOOK_DIR / "run_times.json"
 
 
-def record_run_time(name: str, mode: str, seconds: float, path: Path = RUN_TIMES) -> None:
-    """Store one notebook's measured wall time for `mode` ("full" or "quick") in `path`."""
+def record_run_time(name: str, mode: str, seconds: float, path: Path = RUN_TIMES,
+                    memory: dict | None = None) -> None:
+    """Store one notebook's measured wall time for `mode` ("full" or "quick") in `path`, and
+    its peak memory (`MemoryPeak.summary()`) when given."""
     times = json.loads(path.read_text()) if path.is_file() else {}
     times.setdefault(name, {})[mode] = {"seconds": round(seconds, 1), "cores": os.cpu_count(),
-                                        "date": time.strftime("%Y-%m-%d")}
+                                        "date": time.strftime("%Y-%m-%d"), **(memory or {})}
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+
+
+class MemoryPeak:
+    """Sample, every `interval` s, the PSS of every process this one started (the kernel and
+    whatever it starts: cluster nodes, worker processes) and keep the peaks.
+
+    PSS splits shared pages between the processes that map them, so the sum is what they
+    cost together. A peak between two samples is missed: the figures are lower bounds.
+    """
+
+    def __init__(self, interval: float = 2.0):
+        self.interval, self.total, self.largest, self.count = interval, 0, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        sizes = []
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                sizes.append(proc.memory_full_info().pss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+                continue  # gone, or a system without PSS (macOS): nothing to add
+        if sum(sizes) > self.total:
+            self.total, self.count = sum(sizes), len(sizes)
+        self.largest = max([self.largest, *sizes])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+    def summary(self) -> dict:
+        """Peak PSS of all processes together and of the largest one (MB), and how many
+        processes ran at the peak; {} when nothing was measured."""
+        if not self.total:
+            return {}
+        return {"peak_pss_mb": round(self.total / 2**20), "largest_process_mb":
+                round(self.largest / 2**20), "processes_at_peak": self.count}
 
 
 class LessonClient(NotebookClient):
@@ -80,8 +131,9 @@ def progress_hooks(bar: tqdm) -> dict:
 
 
 def run_one(path: Path, out_dir: Path, timeout: int, show_progress: bool = True
-            ) -> tuple[str, float, str]:
-    """Execute one notebook; write its executed copy and HTML; return (status, seconds, error)."""
+            ) -> tuple[str, float, str, dict]:
+    """Execute one notebook; write its executed copy and HTML; return (status, seconds, error,
+    peak memory)."""
     nb = read(path)
     n_code = sum(c.cell_type == "code" and bool(c.source.strip()) for c in nb.cells)
     bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not show_progress,
@@ -93,8 +145,10 @@ def run_one(path: Path, out_dir: Path, timeout: int, show_progress: bool = True
                           resources={"metadata": {"path": str(path.parent)}}, **progress_hooks(bar))
     t0 = time.perf_counter()
     status, error = "ok", ""
+    memory = MemoryPeak()
     try:
-        client.execute()
+        with memory:
+            client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
         status, error = "FAILED", ANSI.sub("", str(exc)).strip().splitlines()[-1][:200]
     except (KeyboardInterrupt, AssertionError):
@@ -111,7 +165,7 @@ def run_one(path: Path, out_dir: Path, timeout: int, show_progress: bool = True
     nbformat.write(nb, str(out_dir / path.name))
     html, _ = HTMLExporter().from_notebook_node(nb)
     (out_dir / path.with_suffix(".html").name).write_text(html, encoding="utf-8")
-    return status, seconds, error
+    return status, seconds, error, memory.summary()
 
 
 def main(argv=None) -> int:
@@ -134,19 +188,22 @@ def main(argv=None) -> int:
     results = []
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.name} ({mode} mode)", flush=True)
-        status, seconds, error = run_one(path, args.out, args.timeout)
-        results.append((path.name, status, seconds, error))
-        print(f"  {status} in {seconds:.0f} s {error}", flush=True)
+        status, seconds, error, memory = run_one(path, args.out, args.timeout)
+        peak = f"{memory['peak_pss_mb']:,} MB" if memory else "?"
+        results.append((path.name, status, seconds, error, peak))
+        print(f"  {status} in {seconds:.0f} s, peak memory {peak} {error}", flush=True)
         if status == "ok" and args.record_times:
-            record_run_time(path.stem, mode, seconds, args.dir / RUN_TIMES.name)
+            record_run_time(path.stem, mode, seconds, args.dir / RUN_TIMES.name, memory)
         if status == "INTERRUPTED":
             break
-    print(f"\n| notebook | status | wall time | mode: {mode}, copies in {args.out} |")
-    print("| --- | --- | ---: | --- |")
-    for name, status, seconds, error in results:
-        print(f"| {name} | {status} | {seconds / 60:.1f} min | {error} |")
+    print(f"\n| notebook | status | wall time | peak memory (PSS) | mode: {mode}, copies in "
+          f"{args.out} |")
+    print("| --- | --- | ---: | ---: | --- |")
+    for name, status, seconds, error, peak in results:
+        print(f"| {name} | {status} | {seconds / 60:.1f} min | {peak} | {error} |")
     total = sum(r[2] for r in results)
-    print(f"| total | {sum(r[1] == 'ok' for r in results)}/{len(paths)} ok | {total / 60:.1f} min | |")
+    print(f"| total | {sum(r[1] == 'ok' for r in results)}/{len(paths)} ok | {total / 60:.1f} min "
+          "| | |")
     if any(r[1] == "INTERRUPTED" for r in results):
         return 130  # the shell's code for "stopped by SIGINT"
     return 0 if all(r[1] == "ok" for r in results) and len(results) == len(paths) else 1

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from helpers.system import netns
-from helpers.system.processes import child_setup, die_with_parent, free_ports, kill_group
+from helpers.system.processes import die_with_parent, free_ports, kill_group, spawn, watch_lifeline
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
 MAILBOX = "demo/mailbox"  # shared_name of a PS queue of messages
@@ -63,9 +63,9 @@ def _say(**msg) -> None:
 def _start(args: list[str]) -> subprocess.Popen:
     """Start `python -m helpers.cluster.psdemo ARGS` in this process group, dying with its
     parent."""
-    return subprocess.Popen([sys.executable, "-m", "helpers.cluster.psdemo", *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
-                            preexec_fn=child_setup)
+    return spawn([sys.executable, "-m", "helpers.cluster.psdemo", *args],
+                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
+                 start_new_session=False)
 
 
 def _read_report(proc: subprocess.Popen, what: str) -> dict:
@@ -122,8 +122,7 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     cmd = network.prefix + [sys.executable, "-m", "helpers.cluster.psdemo", "drive",
                             "--port", str(port), "--parent-pid", str(os.getpid())]
     try:
-        driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  start_new_session=True, preexec_fn=child_setup)
+        driver = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             out, err = driver.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -157,8 +156,10 @@ def main(argv=None) -> int:
         die_with_parent(args.parent_pid)  # entering the namespace may clear PDEATHSIG
         drive(args.port)
     elif args.role == "ps":
+        watch_lifeline()
         serve(args.port)
     else:
+        watch_lifeline()
         import tensorflow  # noqa: F401  (import while the PS starts, connect once it is up)
 
         sys.stdin.readline()  # the driver's go: the PS is serving

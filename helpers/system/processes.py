@@ -5,8 +5,12 @@ network namespace (`system.netns`), the PS demo (`cluster.psdemo`) and notebook 
 per configuration (`training.mirrored`) all start Python children that must end with their parent, report
 on stdout and be ended by PID. This module is that plumbing, in one place:
 
-- `child_setup` / `die_with_parent`: ask the kernel to signal a child when its parent dies
-  (Linux `prctl(PR_SET_PDEATHSIG)`; nothing on other systems).
+- `spawn` / `die_with_parent`: a child ends within a second of its parent's death, on any
+  POSIX system, mid-run too. The portable mechanism is a lifeline: every child inherits the
+  read end of a pipe whose only write end its parent holds; when the parent dies, however it
+  dies, the kernel closes that end and a watchdog thread in the child reads end-of-file and
+  kills the child's process group. Linux's `prctl(PR_SET_PDEATHSIG)` (`child_setup`) is kept
+  as an extra; `LABS_PDEATHSIG=0` turns it off, to test the portable path alone.
 - `free_ports`: unused TCP ports, from `portpicker` (what TensorFlow's own multi-process tests
   use; it honours a port server through PORTSERVER_ADDRESS). A cluster in a private network
   namespace needs none of it: every port is free there.
@@ -15,8 +19,8 @@ on stdout and be ended by PID. This module is that plumbing, in one place:
 - `end_all`: end several children at once and say how each ended (for launch timelines).
 - `log_tail`: the end of a child's log, for error messages.
 
-Our own code, not a library's: subprocess and psutil have no parent-death signal, no process-
-group kill with SIGCONT for a stopped child, and no JSON message channel.
+Our own code, not a library's: subprocess and psutil have no parent-death signal (portable
+or not), no process-group kill with SIGCONT for a stopped child, and no JSON message channel.
 """
 from __future__ import annotations
 
@@ -32,37 +36,118 @@ import threading
 import time
 from pathlib import Path
 
+from helpers import config
 from helpers.system.control import Event
 
 _PR_SET_PDEATHSIG = 1
+LIFELINE_ENV = "LABS_LIFELINE"  # "<fd>:<parent pid>", set by spawn for the child only
+PDEATHSIG_ENV = "LABS_PDEATHSIG"  # 0: leave Linux's parent-death signal out (tests, macOS-like)
 
 
 def _set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
-    """Send `sig` to this process when its parent dies; False where the OS has no such call."""
+    """Send `sig` to this process when its parent dies; False where the OS has no such call
+    (anything but Linux), or where LABS_PDEATHSIG=0 turns it off."""
+    if not config.env_flag(PDEATHSIG_ENV, True):
+        return False
     try:
         ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, int(sig))
-    except OSError:
+    except (OSError, AttributeError):
         return False
     return True
 
 
 def child_setup() -> None:
-    """`preexec_fn` for Popen: the child is SIGTERMed when its parent dies (Linux only).
-
-    It runs in the child between fork and exec.
+    """`preexec_fn` for Popen: the child is SIGTERMed when its parent dies (Linux only; the
+    lifeline of `spawn` does the same everywhere). It runs in the child between fork and exec.
     """
     _set_parent_death_signal()
 
 
-def die_with_parent(parent_pid: int | None, sig: int = signal.SIGTERM) -> None:
-    """Called by a child itself: get `sig` when the parent dies, or exit now if it has.
+_lifeline: tuple[int, int, int] | None = None  # (read fd, write fd, pid that made them)
 
-    For a child whose start cleared the signal (`nsenter`, `unshare`) or that was started
-    without `child_setup`, or one that must not get SIGTERM: TF's MultiWorkerMirroredStrategy
-    catches SIGTERM and carries on, so its tasks ask for SIGKILL. `parent_pid` catches a parent
-    that died before this call.
+
+def _lifeline_fd() -> int:
+    """The read end of this process's lifeline pipe, made on first use (again after a fork).
+
+    Both ends are non-inheritable: only `spawn` hands the read end to a child, and the write
+    end stays in this process, so it closes when this process dies, whatever kills it.
     """
-    if _set_parent_death_signal(sig) and parent_pid and os.getppid() != parent_pid:
+    global _lifeline
+    if _lifeline is None or _lifeline[2] != os.getpid():
+        read_fd, write_fd = os.pipe()
+        _lifeline = (read_fd, write_fd, os.getpid())
+    return _lifeline[0]
+
+
+def spawn(cmd: list[str], env: dict | None = None, **popen_kwargs) -> subprocess.Popen:
+    """Popen `cmd` in a process group of its own, holding this process's lifeline.
+
+    The child (a Python program of this package) calls `die_with_parent` to watch it; Linux's
+    parent-death signal is set too. Other Popen arguments pass through.
+    """
+    fd = _lifeline_fd()
+    env = dict(os.environ if env is None else env)
+    env[LIFELINE_ENV] = f"{fd}:{os.getpid()}"
+    popen_kwargs.setdefault("start_new_session", True)
+    return subprocess.Popen(cmd, env=env, pass_fds=(fd, *popen_kwargs.pop("pass_fds", ())),
+                            preexec_fn=child_setup, **popen_kwargs)
+
+
+def _end_self(sig: int) -> None:
+    """Kill this process, and its group when it leads one (its own children go too)."""
+    try:
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), sig)
+        os.kill(os.getpid(), sig)
+    finally:
+        os._exit(1)  # a signal this process ignores or catches
+
+
+def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
+    """Start a daemon thread that ends this process and its group with `sig` when its parent
+    dies. SIGTERM, if this process has not handled it otherwise, ends the group too: Linux's
+    parent-death signal may come first, and the children of this child must not outlive it.
+
+    Returns False when this process holds no lifeline: it was not started by `spawn`, or the
+    variable was inherited from a grandparent (the pid in it is not this process's parent).
+    """
+    fd_text, _, parent = os.environ.pop(LIFELINE_ENV, "").partition(":")
+    if not fd_text or not parent or int(parent) != os.getppid():
+        return False
+    fd = int(fd_text)
+    try:
+        os.fstat(fd)
+    except OSError:  # not passed down after all: nothing to watch
+        return False
+    os.set_inheritable(fd, False)  # this process's own children get a lifeline of their own
+
+    def watch():
+        try:
+            while os.read(fd, 1):  # nobody writes: read returns b"" once the parent is gone
+                pass
+        except OSError:
+            pass
+        _end_self(sig)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, lambda *_: _end_self(signal.SIGKILL))
+    return True
+
+
+def die_with_parent(parent_pid: int | None, sig: int = signal.SIGTERM) -> None:
+    """Called by a child itself, first thing: end when the parent dies, or now if it has.
+
+    Watches the lifeline that `spawn` passed down (any POSIX system; the child then gets
+    SIGKILL, with its process group), and on Linux also asks for `sig` by prctl, which
+    `nsenter` and `unshare` clear when they start the child. TF's
+    MultiWorkerMirroredStrategy catches SIGTERM and carries on, so its tasks ask for SIGKILL.
+    `parent_pid` catches a parent that died before this call.
+    """
+    watch_lifeline()
+    _set_parent_death_signal(sig)
+    if parent_pid and os.getppid() != parent_pid:
         os._exit(1)
 
 
@@ -117,7 +202,7 @@ def log_tail(path: Path, lines: int = 15, start: int = 0) -> str:
 
 
 class ChildProcess:
-    """One child process in a process group of its own, dying with its parent.
+    """One child process in a process group of its own, dying with its parent (`spawn`).
 
     Its stderr goes to `log_path`; each JSON line it prints on stdout is put on `inbox` as
     (name, message), and {"event": "eof"} when its stdout closes. `send` writes a JSON line
@@ -128,9 +213,8 @@ class ChildProcess:
         self.name, self.log_path = name, Path(log_path)
         self.eof_at: float | None = None
         self.log = open(log_path, "wb")
-        self.popen = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self.log, start_new_session=True,
-                                      preexec_fn=child_setup)
+        self.popen = spawn(cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=self.log)
         self.pid = self.popen.pid
         self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
         self.thread.start()
