@@ -24,7 +24,7 @@ from helpers.cluster import protocol
 from helpers.cluster.events import EventTail, Kind
 from helpers.cluster.progress import RunProgress
 from helpers.cluster.run import Run
-from helpers.system import netns
+from helpers.system import netns, resources
 from helpers.system.control import Cmd, Event, command
 from helpers.system.processes import ChildProcess, free_ports, log_section, unique_name
 
@@ -118,6 +118,15 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         """Start every process and block until all report ready; raise with a log tail if not."""
         t0 = time.perf_counter()
+        processes = 1 + self.workers + self.evaluator
+        try:
+            resources.check_memory(
+                processes, f"A cluster of 1 PS, {self.workers} worker(s)"
+                f"{' and an evaluator' if self.evaluator else ''}",
+                lambda fit: f"Start fewer workers (workers={max(1, fit - 1 - self.evaluator)} "
+                            "would fit)")
+        except resources.NotEnoughMemory as exc:
+            raise ClusterError(str(exc)) from None
         _LIVE.add(self)
         try:
             try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import config, files
-from helpers.system import netns
+from helpers.system import netns, resources
 from helpers.system.processes import (ChildProcess, NoResult, end_all, free_ports, log_section,
                                       unique_name, wait_for_results)
 
@@ -105,6 +105,12 @@ class TFConfigCluster:
     def start(self) -> "TFConfigCluster":
         """Start one process per task (returns at once; the tasks find each other)."""
         self.t0 = time.time()
+        tasks = sum(len(addresses) for addresses in self.cluster.values())
+        try:
+            resources.check_memory(tasks, f"A TF_CONFIG cluster of {tasks} tasks",
+                                   lambda fit: f"Use fewer tasks ({fit} would fit)")
+        except resources.NotEnoughMemory as exc:
+            raise TFConfigError(str(exc)) from None
         try:
             prefix = self.network.start().prefix  # only loopback inside, when possible
         except netns.IsolationError as exc:

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import psutil
 
@@ -110,3 +111,85 @@ def peak_memory_mb(fn) -> tuple[object, float]:
     finally:
         tracemalloc.stop()
     return result, peak / 2**20
+
+
+MEMORY_ENV = "LABS_MEMORY_MB"  # the memory the lessons may use, when less than the OS reports
+# One TF process of a cluster, measured as PSS (shared libraries split between processes): an
+# idle TF server 440 MB, a PS with 2 workers 1.4 GB together (`python -m helpers.doctor`
+# prints today's figure per notebook, from `make run`).
+TF_PROCESS_MB = 480
+
+
+def _cgroup_free_mb(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path =
+                    Path("/proc/self/cgroup")) -> int | None:
+    """MB this process's control group may still allocate (a container's or JupyterHub
+    pod's limit less its usage, the tightest over its ancestors); None where there is no limit
+    or no cgroup file system (macOS)."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    free = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2: limits on this group and every ancestor
+            folder = root / path.lstrip("/")
+            while True:
+                try:
+                    limit = (folder / "memory.max").read_text().strip()
+                    used = int((folder / "memory.current").read_text())
+                    if limit != "max":
+                        free.append(int(limit) - used)
+                except (OSError, ValueError):
+                    pass
+                if folder == root or root not in folder.parents:
+                    break
+                folder = folder.parent
+        elif "memory" in controllers.split(","):  # cgroup v1
+            folder = root / "memory" / path.lstrip("/")
+            try:
+                limit = int((folder / "memory.limit_in_bytes").read_text())
+                used = int((folder / "memory.usage_in_bytes").read_text())
+                if limit < 2**60:  # v1 writes a huge number for "no limit"
+                    free.append(limit - used)
+            except (OSError, ValueError):
+                pass
+    return max(0, min(free)) // 2**20 if free else None
+
+
+def available_memory_mb() -> tuple[int, str]:
+    """(MB the lessons can still use, where that figure comes from): the least of what the OS
+    calls available, the container's limit less its usage, and LABS_MEMORY_MB."""
+    found = [(psutil.virtual_memory().available // 2**20, "available memory")]
+    cgroup = _cgroup_free_mb()
+    if cgroup is not None:
+        found.append((cgroup, "the container's memory limit less what it uses"))
+    raw = os.environ.get(MEMORY_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) == 0:
+            raise ValueError(f"{MEMORY_ENV} must be a whole number of MB above 0, got {raw!r}: "
+                             f"fix or unset {MEMORY_ENV}")
+        found.append((int(raw), MEMORY_ENV))
+    return min(found)
+
+
+class NotEnoughMemory(RuntimeError):
+    """Starting these processes would run the machine out of memory."""
+
+
+def check_memory(processes: int, what: str, lower, per_process_mb: int = TF_PROCESS_MB) -> int:
+    """Raise NotEnoughMemory unless `processes` TF processes fit in the memory free here;
+    return the MB free.
+
+    The message says what `what` needs, what is free, and `lower(fit)`: which setting to lower,
+    given how many processes would fit.
+    """
+    free, source = available_memory_mb()
+    need = processes * per_process_mb
+    if need > free:
+        raise NotEnoughMemory(
+            f"{what} needs about {need:,} MB ({processes} TensorFlow processes of about "
+            f"{per_process_mb} MB each), but only {free:,} MB is free here ({source}). "
+            f"{lower(free // per_process_mb)}, close other notebooks or programs, or run on a "
+            "machine with more memory.")
+    return free
