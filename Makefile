@@ -11,9 +11,10 @@ PIPLOG := $(VENV)/pip-install.log
 # Seconds a single notebook cell may take before nbval / nbconvert give up on it.
 CELL_TIMEOUT ?= 900
 
-.PHONY: help venv data run test unit handout release grade grade-merge index gpu clean
+.PHONY: help venv doctor data run test unit handout release grade grade-merge index gpu clean
 
 help:
+	@echo "make doctor   set up (first time), then check this machine against what each lesson needs"
 	@echo "make run      set up (first time), then execute every notebook in full mode into build/"
 	@echo "make test     set up (first time), every test, then every notebook in quick mode (nbval)"
 	@echo "make unit     the fast tests only (no clusters, kernels or nbgrader): a few minutes"
@@ -36,6 +37,11 @@ $(STAMP): pyproject.toml
 	  && $(PY) -m pip install -e . >> $(PIPLOG) 2>&1 \
 	  || { tail -n 40 $(PIPLOG) >&2; echo "make venv: pip failed, the whole log is in $(PIPLOG)" >&2; exit 1; }
 	touch $@
+
+# Python, packages, GPU, cores, memory and disk against each lesson's measured needs, network
+# namespaces, loopback ports: one line each, ok / warn / FAIL with what to do. Seconds.
+doctor: $(STAMP)
+	$(PY) -m helpers.doctor
 
 data: $(STAMP)
 	$(PY) -m tools.fetch_data

@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# notebooks/<this>: each lesson's measured wall time and peak memory per mode, written by
+# `python -m tools.run_notebooks --record-times`, read by `make index` and the doctor
+RUN_TIMES_FILE = "run_times.json"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 

@@ -1,7 +1,7 @@
 """The code's shape: layers that import only downward, no import cycle, no module too long.
 
 The layers, lowest first (README, "Layout"): helpers' top level (config, files, plots), then
-helpers.system, helpers.data, helpers.training, helpers.cluster, helpers.environment; tools sit
+helpers.system, helpers.data, helpers.training, helpers.cluster, helpers.doctor; tools sit
 above all of helpers, and bench above tools (a benchmark may time a tool, never the other way
 round). A module may import its own layer and the layers below it, never one above.
 """
@@ -14,7 +14,7 @@ TREES = ("helpers", "tools", "bench")
 MAX_LINES = 400
 LAYERS = [  # (module prefix, layer): the longest matching prefix wins
     ("helpers", 0), ("helpers.system", 1), ("helpers.data", 2), ("helpers.training", 3),
-    ("helpers.cluster", 4), ("helpers.environment", 5), ("tools", 6), ("bench", 7),
+    ("helpers.cluster", 4), ("helpers.doctor", 5), ("tools", 6), ("bench", 7),
 ]
 
 
@@ -96,7 +96,7 @@ def test_the_layer_check_catches_an_upward_import():
     assert upward(edges) == [
         "helpers.data.mnist (layer 2) imports helpers.training.models (layer 3)",
         "tools.course.grade (layer 6) imports bench.workload (layer 7)"]
-    assert layer("helpers.environment") == 5 and layer("helpers.plots") == 0
+    assert layer("helpers.doctor") == 5 and layer("helpers.plots") == 0
 
 
 def test_no_module_is_too_long_to_read():

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import nbformat
 
+from helpers import config
 from tools.notebooks import NOTEBOOK_DIR, notebook_paths, read, tags, title_and_objectives
 
 INDEX = "00_index.ipynb"
-RUN_TIMES = "run_times.json"
+RUN_TIMES = config.RUN_TIMES_FILE
 RUN_TIME_LINE = re.compile(r"^\*\*Expected run time:\*\*.*$", re.M)
 
 
