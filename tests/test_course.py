@@ -321,6 +321,21 @@ def test_grades_csv_and_feedback_come_from_the_gradebook(graded):
         assert read(graded["src"] / f"{name}.ipynb") == graded["ref"][name]
 
 
+def test_nbgrader_export_in_the_course_folder_writes_what_grading_wrote(graded, tmp_path):
+    """The course's nbgrader_config.py selects our export plugin (tools/course/export.py):
+    nbgrader's own command gives the same points per student and exercise as grades.csv."""
+    where, out = graded["course"], tmp_path / "exported.csv"
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(out)],
+                          cwd=where, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def rows(path):
+        with open(path) as f:
+            return sorted(tuple(r.values()) for r in csv.DictReader(f))
+
+    assert rows(out) == rows(where / "grades.csv") and len(rows(out)) > 0
+
+
 def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, tmp_path):
     where = graded["course"]
     before = {k: v for k, v in points(graded["rows"]).items() if k[0] != "hal"}

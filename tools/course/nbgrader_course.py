@@ -43,6 +43,10 @@ c.Execute.interrupt_on_timeout = True
 # on a loaded machine (or after interrupting a hung cell) that comes too soon.
 c.Execute.iopub_timeout = 30
 c.Execute.raise_on_iopub_timeout = False
+# `nbgrader export` here writes grades.csv as grading does: points per student and exercise.
+import sys  # noqa: E402
+sys.path.insert(0, {repo!r})
+c.ExportApp.plugin_class = "tools.course.export.ExerciseCsvExport"
 """
 # Appended as is (not formatted): note which cell runs, so that a cell that kills the kernel
 # can be named and set aside (tools/course/grade.py), instead of costing the whole notebook.
@@ -121,7 +125,7 @@ def write_config(course: Path, timeout: int, kernel: str | None = None,
     notebook's own."""
     (course / "nbgrader_config.py").write_text(CONFIG.format(
         course_id=COURSE_ID, root=str(course), db_url=db_url(course),
-        timeout=int(timeout)) + TRACE_HOOK
+        timeout=int(timeout), repo=str(ROOT)) + TRACE_HOOK
         + (SANDBOX_CONFIG.format(kernel=kernel, sockets=str(sockets)) if kernel else ""))
 
 

@@ -78,35 +78,45 @@ def cell_errors(autograded: Path, mark: bool = True) -> list[str]:
 
 def gradebook_rows(course: Path, students: list[str], assignments: list[str]) -> list[dict]:
     """(student, notebook, exercise, points, max points) for every test cell, from the gradebook."""
+    with gradebook(course) as gb:
+        return exercise_rows(gb, students, assignments)
+
+
+def exercise_rows(gb, students: list[str], assignments: list[str]) -> list[dict]:
+    """gradebook_rows from an open nbgrader Gradebook (also what `nbgrader export` writes)."""
     from nbgrader.api import MissingEntry
 
     rows = []
-    with gradebook(course) as gb:
-        for student in students:
-            for assignment in assignments:
-                try:
-                    grades = gb.find_submission_notebook(assignment, assignment, student).grades
-                except MissingEntry:
-                    grades = None
-                if grades is None:  # never graded: every test cell scores 0
-                    cells = gb.find_notebook(assignment, assignment).grade_cells
-                    pairs = [(c.name, 0.0, c.max_score) for c in cells]
-                else:
-                    pairs = [(g.cell.name, g.score, g.max_score) for g in grades
-                             if g.cell.name.endswith("-test")]
-                for name, score, max_score in sorted(pairs):
-                    rows.append({"student": student, "notebook": assignment,
-                                 "exercise": name.removesuffix("-test"),
-                                 "points": float(score or 0), "max_points": float(max_score)})
+    for student in students:
+        for assignment in assignments:
+            try:
+                grades = gb.find_submission_notebook(assignment, assignment, student).grades
+            except MissingEntry:
+                grades = None
+            if grades is None:  # never graded: every test cell scores 0
+                cells = gb.find_notebook(assignment, assignment).grade_cells
+                pairs = [(c.name, 0.0, c.max_score) for c in cells]
+            else:
+                pairs = [(g.cell.name, g.score, g.max_score) for g in grades
+                         if g.cell.name.endswith("-test")]
+            for name, score, max_score in sorted(pairs):
+                rows.append({"student": student, "notebook": assignment,
+                             "exercise": name.removesuffix("-test"),
+                             "points": float(score or 0), "max_points": float(max_score)})
     return rows
+
+
+def write_grades_csv(path: Path, rows: list[dict]) -> None:
+    """grades.csv: one row per student and exercise, all or nothing."""
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as out:
+        writer = csv.DictWriter(out, ["student", "notebook", "exercise", "points", "max_points"])
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def write_report(course: Path, rows: list[dict], report: list[tuple], say=print) -> None:
     """Write grades.csv (rows) and report.txt ((student, notebook, seconds, notes) each); say it."""
-    with atomic_path(course / "grades.csv") as tmp, open(tmp, "w", newline="") as out:
-        writer = csv.DictWriter(out, ["student", "notebook", "exercise", "points", "max_points"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_grades_csv(course / "grades.csv", rows)
     lines = []
     for student, a, seconds, notes in report:
         got = sum(r["points"] for r in rows if r["student"] == student and r["notebook"] == a)
