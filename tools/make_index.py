@@ -78,6 +78,42 @@ def toc_markdown(folder: Path = NOTEBOOK_DIR) -> str:
     return "\n".join(rows)
 
 
+README = NOTEBOOK_DIR.parent / "README.md"
+MEASURED = re.compile(r"(<!-- measured: begin -->\n).*?(<!-- measured: end -->)", re.S)
+
+
+def measured_table(folder: Path = NOTEBOOK_DIR) -> str:
+    """The README's table of what each notebook costs: wall time and peak memory per mode."""
+    times = run_times(folder)
+    rows = ["| notebook | wall time (full, quick) | peak memory, full | peak memory, quick "
+            "| largest process | processes at the peak (full) |",
+            "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for path in notebook_paths(folder):
+        m = times.get(path.stem, {})
+        full, quick = m.get("full", {}), m.get("quick", {})
+
+        def mb(d, key):
+            return f"{d[key]:,} MB" if key in d else "?"
+
+        largest = max((d.get("largest_process_mb", 0) for d in (full, quick)), default=0)
+        rows.append(f"| {path.stem} | {run_time_summary(m) or '?'} | {mb(full, 'peak_pss_mb')} "
+                    f"| {mb(quick, 'peak_pss_mb')} | {f'{largest:,} MB' if largest else '?'} "
+                    f"| {full.get('processes_at_peak', '?')} |")
+    dates = sorted({d["date"] for m in times.values() for d in m.values()})
+    rows += ["", f"_Measured by `make run` and `python -m tools.run_notebooks --quick "
+             f"--record-times` on {'/'.join(sorted({str(d['cores']) for m in times.values() for d in m.values()}))} "
+             f"CPU cores (latest {dates[-1] if dates else '?'}): PSS of the kernel and every "
+             "process it started, sampled every 2 s; written here by `make index`._"]
+    return "\n".join(rows) + "\n"
+
+
+def stale_readme(folder: Path = NOTEBOOK_DIR, readme: Path = README) -> str | None:
+    """The README with a fresh measured table, or None when it is up to date (or has none)."""
+    text = readme.read_text()
+    fresh = MEASURED.sub(lambda m: m.group(1) + measured_table(folder) + m.group(2), text)
+    return None if fresh == text else fresh
+
+
 def toc_cell(nb):
     cells = [c for c in nb.cells if "toc" in tags(c)]
     if len(cells) != 1 or cells[0].cell_type != "markdown":
@@ -107,16 +143,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     path = args.folder / INDEX
     headers = stale_headers(args.folder)
+    readme = stale_readme(args.folder) if args.folder == NOTEBOOK_DIR else None
     nb = read(path)
     cell, fresh = toc_cell(nb), toc_markdown(args.folder)
-    if cell.source == fresh and not headers:
+    if cell.source == fresh and not headers and readme is None:
         print(f"{path.name}: table of contents and run times are up to date")
         return 0
     if args.check:
         stale = ([path.name + " (contents)"] if cell.source != fresh else []) + \
-            [p.name + " (run time)" for p in headers]
+            [p.name + " (run time)" for p in headers] + (["README.md (measured)"] if readme else [])
         print(f"stale: {', '.join(stale)}; run `make index`", file=sys.stderr)
         return 1
+    if readme is not None:
+        README.write_text(readme)
     for nb_path, first in headers.items():  # the index's own header too, before its contents
         other = read(nb_path)
         other.cells[0].source = first
