@@ -83,28 +83,37 @@ def test_end_all_ends_children_together_and_says_how_each_ended(tmp_path):
 
 
 # A parent that starts one child with `spawn`, prints the PIDs to watch, then waits to be
-# killed. The child is busy (mid-run) and has a grandchild in its process group that knows
-# nothing of lifelines; with WATCH=0 the child does not watch its lifeline at all.
-ORPHAN_PARENT = """
+# killed. The child is busy (mid-run) and starts a child of its own with `spawn` (as the PS
+# demo's driver does); with GROUPED=1 also one that knows nothing of lifelines, in its process
+# group. With WATCH=0 the child does not watch its lifeline at all.
+CHILD = """
 import json, os, subprocess, sys
-from helpers.system.processes import spawn
-child = spawn([sys.executable, "-c", '''
-import os, subprocess, sys
-from helpers.system.processes import watch_lifeline
+from helpers.system.processes import spawn, watch_lifeline
 watching = watch_lifeline() if os.environ["WATCH"] == "1" else False
-grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-print(watching, grandchild.pid, flush=True)
+sleeper = "from helpers.system.processes import watch_lifeline; import time; "
+own = spawn([sys.executable, "-c", sleeper + "watch_lifeline(); time.sleep(300)"],
+            start_new_session=False)
+pids = [own.pid]
+if os.environ["GROUPED"] == "1":
+    pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]).pid)
+print(json.dumps({"watching": watching, "pids": pids}), flush=True)
 while True:  # busy: a node in the middle of a run never looks at its parent
     sum(range(10000))
-'''], stdout=subprocess.PIPE, text=True)
-watching, grandchild = child.stdout.readline().split()
-print(json.dumps({"watching": watching == "True", "pids": [child.pid, int(grandchild)]}), flush=True)
+"""
+ORPHAN_PARENT = f"""
+import json, subprocess, sys
+from helpers.system.processes import spawn
+child = spawn([sys.executable, "-c", {CHILD!r}], stdout=subprocess.PIPE, text=True)
+report = json.loads(child.stdout.readline())
+print(json.dumps({{"watching": report["watching"], "pids": [child.pid] + report["pids"]}}),
+      flush=True)
 sys.stdin.read()
 """
 
 
-def _kill_parent_and_count_survivors(pdeathsig: str, watch: str) -> tuple[bool, list[int]]:
-    env = dict(os.environ, LABS_PDEATHSIG=pdeathsig, WATCH=watch)
+def _kill_parent_and_count_survivors(pdeathsig: str, watch: str, grouped: str
+                                     ) -> tuple[bool, list[int]]:
+    env = dict(os.environ, LABS_PDEATHSIG=pdeathsig, WATCH=watch, GROUPED=grouped)
     parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT)
     pids = []
@@ -131,19 +140,26 @@ def _kill_parent_and_count_survivors(pdeathsig: str, watch: str) -> tuple[bool, 
 
 
 @pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
-def test_a_busy_child_and_its_group_end_with_a_sigkilled_parent(pdeathsig):
+def test_a_busy_child_and_its_own_child_end_with_a_sigkilled_parent(pdeathsig):
     """The portable lifeline alone (as on macOS) and with Linux's prctl: 0 survivors."""
-    watching, survivors = _kill_parent_and_count_survivors(pdeathsig, watch="1")
+    watching, survivors = _kill_parent_and_count_survivors(pdeathsig, watch="1", grouped="0")
+    assert watching
+    assert survivors == [], f"orphans left running: {survivors}"
+
+
+def test_the_lifeline_ends_the_childs_whole_process_group():
+    """A process in the child's group that watches nothing goes with the child."""
+    watching, survivors = _kill_parent_and_count_survivors("0", watch="1", grouped="1")
     assert watching
     assert survivors == [], f"orphans left running: {survivors}"
 
 
 def test_without_the_lifeline_and_prctl_the_child_survives():
-    """The control: LABS_PDEATHSIG=0 really turns the Linux call off, so the test above
-    measures the lifeline alone."""
-    watching, survivors = _kill_parent_and_count_survivors("0", watch="0")
+    """The control: LABS_PDEATHSIG=0 really turns the Linux call off, so the tests above
+    measure the lifeline alone."""
+    watching, survivors = _kill_parent_and_count_survivors("0", watch="0", grouped="0")
     assert not watching
-    assert len(survivors) == 2
+    assert len(survivors) == 2  # the child, and its own child, whose parent is still alive
 
 
 def test_a_lifeline_inherited_from_a_grandparent_is_not_watched():

@@ -105,8 +105,11 @@ def _end_self(sig: int) -> None:
 
 def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
     """Start a daemon thread that ends this process and its group with `sig` when its parent
-    dies. SIGTERM, if this process has not handled it otherwise, ends the group too: Linux's
-    parent-death signal may come first, and the children of this child must not outlive it.
+    dies. A child of this child that it started with `spawn` watches a lifeline of its own, so
+    it goes too even where Linux's parent-death signal ends this process first.
+
+    No Python handler for SIGTERM is added: one would wait for the main thread to leave a
+    blocking C call (a TF server's join), so a SIGTERM would no longer end the process.
 
     Returns False when this process holds no lifeline: it was not started by `spawn`, or the
     variable was inherited from a grandparent (the pid in it is not this process's parent).
@@ -130,9 +133,6 @@ def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
         _end_self(sig)
 
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, lambda *_: _end_self(signal.SIGKILL))
     return True
 
 
