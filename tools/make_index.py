@@ -103,7 +103,7 @@ def measured_table(folder: Path = NOTEBOOK_DIR) -> str:
     rows += ["", f"_Measured by `make run` and `python -m tools.run_notebooks --quick "
              f"--record-times` on {'/'.join(sorted({str(d['cores']) for m in times.values() for d in m.values()}))} "
              f"CPU cores (latest {dates[-1] if dates else '?'}): PSS of the kernel and every "
-             "process it started, sampled every 2 s; written here by `make index`._"]
+             "process it started, read at each new high of their RSS (sampled every second); written here by `make index`._"]
     return "\n".join(rows) + "\n"
 
 

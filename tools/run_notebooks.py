@@ -52,21 +52,35 @@ def record_run_time(name: str, mode: str, seconds: float, path: Path = RUN_TIMES
 
 
 class MemoryPeak:
-    """Sample, every `interval` s, the PSS of every process this one started (the kernel and
-    whatever it starts: cluster nodes, worker processes) and keep the peaks.
+    """Track the peak memory of every process this one started (the kernel and whatever it
+    starts: cluster nodes, worker processes) while a notebook runs.
 
-    PSS splits shared pages between the processes that map them, so the sum is what they
-    cost together. A peak between two samples is missed: the figures are lower bounds.
+    PSS splits shared pages between the processes that map them, so the sum is what they cost
+    together; but reading it walks each process's page tables (~35 ms for a TF process), too
+    slow to do often beside a lesson that times itself. So every `interval` s this sums RSS
+    (cheap), and reads PSS only when that sum reaches a new high by `grow` or more. A peak
+    between two samples is missed: the figures are lower bounds.
     """
 
-    def __init__(self, interval: float = 2.0):
-        self.interval, self.total, self.largest, self.count = interval, 0, 0, 0
+    def __init__(self, interval: float = 1.0, grow: float = 1.05):
+        self.interval, self.grow = interval, grow
+        self.total, self.largest, self.count, self._rss_seen = 0, 0, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
+        procs = psutil.Process().children(recursive=True)
+        rss = 0
+        for proc in procs:
+            try:
+                rss += proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if rss < self._rss_seen * self.grow:
+            return
+        self._rss_seen = rss
         sizes = []
-        for proc in psutil.Process().children(recursive=True):
+        for proc in procs:
             try:
                 sizes.append(proc.memory_full_info().pss)
             except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
