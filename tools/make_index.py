@@ -1,8 +1,10 @@
-"""Write the table of contents of notebooks/00_index.ipynb, and every notebook's run time.
+"""Write the table of contents of notebooks/00_index.ipynb, every notebook's run time, and the
+README's table of what each notebook costs.
 
 The contents come from the notebooks' own titles and objectives; the "Expected run time" line
-of each notebook (and the index's column) from the wall times `make run` measured
-(notebooks/run_times.json, written by `python -m tools.run_notebooks --record-times`), never typed.
+of each notebook (and the index's column), and the README's time and memory table, from what
+`make run` measured (notebooks/run_times.json, written by `python -m tools.run_notebooks
+--record-times`), never typed.
 `python -m tools.make_index` rewrites them; `--check` exits 1 if any is stale.
 """
 from __future__ import annotations

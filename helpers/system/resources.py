@@ -1,5 +1,6 @@
 """Sample CPU% and memory (RSS; optionally PSS and USS) of processes while something runs,
-and the peak Python allocation of one call."""
+and the peak Python allocation of one call; how much memory is free here (a container's limit
+included), and whether some TF processes fit in it."""
 from __future__ import annotations
 
 import os
