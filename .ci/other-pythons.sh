@@ -3,6 +3,7 @@
 # provides, build an environment from the same pinned pyproject.toml and run the fast tests
 # and notebook 05 in quick mode. The full notebooks stay on the main version.
 # Usage: bash .ci/other-pythons.sh [3.12 3.13 ...]; exits non-zero if any version fails.
+# The environments install side by side (mostly downloads); the tests run one version at a time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 versions=("$@")
@@ -19,29 +20,53 @@ find_python() {  # an interpreter for minor version $1, or nothing
   done
 }
 
+install() {  # the pinned packages into .venv-$1 (interpreter $2); its pip log: .venv-$1-pip.log
+  # The project itself is installed later, one version at a time: an editable install writes
+  # its metadata into this folder, which two installs at once would race for.
+  local venv=".venv-$1" log=".venv-$1-pip.log"
+  { [ -x "$venv/bin/python" ] || "$2" -m venv "$venv"; } > "$log" 2>&1 \
+    && "$venv/bin/python" -m pip install -q --upgrade pip >> "$log" 2>&1 \
+    && "$venv/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open(
+         "pyproject.toml", "rb"))["project"]["dependencies"]))' > "$venv/requirements.txt" \
+    && "$venv/bin/python" -m pip install -q -r "$venv/requirements.txt" >> "$log" 2>&1
+}
+
+start=$(date +%s)
 status=0
+declare -A pids
 for v in "${versions[@]}"; do
-  start=$(date +%s)
   py=$(find_python "$v")
   if [ -z "$py" ]; then
     echo "python $v: skipped, no interpreter on this machine (python$v or pyenv)"
     continue
   fi
-  venv=".venv-$v"
-  log="$venv-pip.log"
-  echo "python $v: $("$py" --version 2>&1) at $py; installing into $venv (log: $log)"
-  if ! { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } \
-      || ! "$venv/bin/python" -m pip install -q --upgrade pip > "$log" 2>&1 \
-      || ! "$venv/bin/python" -m pip install -q -e . >> "$log" 2>&1; then
-    tail -n 30 "$log" >&2
-    echo "python $v: the pinned packages did not install" >&2
+  echo "python $v: $("$py" --version 2>&1) at $py; installing into .venv-$v"
+  install "$v" "$py" &
+  pids[$v]=$!
+done
+ready=()
+for v in "${!pids[@]}"; do
+  if wait "${pids[$v]}"; then
+    ready+=("$v")
+  else
+    tail -n 30 ".venv-$v-pip.log" >&2
+    echo "python $v: the pinned packages did not install (log: .venv-$v-pip.log)" >&2
+    status=1
+  fi
+done
+echo "installed ${ready[*]:-nothing} in $(( $(date +%s) - start )) s"
+
+for v in $(printf '%s\n' "${ready[@]}" | sort); do
+  t=$(date +%s)
+  if ! ".venv-$v/bin/python" -m pip install -q --no-deps -e . >> ".venv-$v-pip.log" 2>&1; then
+    echo "python $v: the project did not install (log: .venv-$v-pip.log)" >&2
     status=1
     continue
   fi
-  echo "python $v: installed in $(( $(date +%s) - start )) s; fast tests, then notebook 05 (quick)"
-  "$venv/bin/python" -m pytest -q -m "not slow" tests || status=1
-  LABS_QUICK=1 "$venv/bin/python" -m pytest -q --nbval-lax --nbval-current-env \
+  echo "python $v: fast tests, then notebook 05 (quick)"
+  ".venv-$v/bin/python" -m pytest -q -m "not slow" tests || status=1
+  LABS_QUICK=1 ".venv-$v/bin/python" -m pytest -q --nbval-lax --nbval-current-env \
     --nbval-cell-timeout=900 notebooks/05_parameter_server.ipynb || status=1
-  echo "python $v: done in $(( $(date +%s) - start )) s"
+  echo "python $v: tested in $(( $(date +%s) - t )) s"
 done
 exit $status

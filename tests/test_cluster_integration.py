@@ -24,6 +24,7 @@ from helpers.training import compression
 from helpers.cluster import ClusterError, LocalCluster, protocol
 from helpers.system import netns
 from helpers.system.processes import log_tail
+from tests.process_cleanup import end_parent_and_pids
 
 # starts real TF clusters of OS processes: `make unit` leaves it out
 pytestmark = pytest.mark.slow
@@ -409,16 +410,7 @@ def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when
                                       timeout=20)[1]
         assert survivors == [], f"orphans left running: {[p.pid for p in survivors]}"
     finally:
-        for p in pids:  # cleanup by PID if the test failed
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if parent.poll() is None:
-            parent.kill()
-        parent.wait()
-        parent.stdin.close()
-        parent.stdout.close()
+        end_parent_and_pids(parent, pids)  # by PID, whatever the test found
 
 
 def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):

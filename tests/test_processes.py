@@ -2,7 +2,6 @@
 import json
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import psutil
 import pytest
 
 from helpers.config import REPO_ROOT
+from tests.process_cleanup import end_parent_and_pids
 from helpers.system.processes import ChildProcess, NoResult, end_all, free_ports, log_tail, wait_for_results
 
 
@@ -127,16 +127,7 @@ def _kill_parent_and_count_survivors(pdeathsig: str, watch: str, grouped: str
         survivors = psutil.wait_procs(alive, timeout=10)[1]
         return started["watching"], [p.pid for p in survivors]
     finally:
-        for p in pids:  # by PID, whatever the test found
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if parent.poll() is None:
-            parent.kill()
-        parent.wait()
-        parent.stdin.close()
-        parent.stdout.close()
+        end_parent_and_pids(parent, pids)
 
 
 @pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
