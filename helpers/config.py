@@ -12,6 +12,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # `python -m tools.run_notebooks --record-times`, read by `make index` and the doctor
 RUN_TIMES_FILE = "run_times.json"
 _TRUE = {"1", "true", "yes", "on"}
+
+
+def run_times(folder: Path | None = None) -> dict:
+    """Per notebook and mode, what `make run` measured (RUN_TIMES_FILE in `folder`, by default
+    notebooks/): wall time, cores, date, peak memory; {} before the first measurement."""
+    import json
+
+    path = Path(folder or REPO_ROOT / "notebooks") / RUN_TIMES_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 _FALSE = {"", "0", "false", "no", "off"}
 
 

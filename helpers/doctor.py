@@ -8,7 +8,6 @@ exits 1 when any row is FAIL.
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
 import os
 import shutil
 import socket
@@ -105,8 +104,7 @@ def cores() -> Check:
 
 def measured_needs() -> dict[str, dict]:
     """Per notebook, what `make run` measured (wall time, peak memory) in each mode."""
-    path = config.REPO_ROOT / "notebooks" / config.RUN_TIMES_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return config.run_times()
 
 
 def memory() -> list[Check]:
@@ -152,8 +150,8 @@ def disk() -> Check:
     found = (f"{free:,} MB free; downloads and run outputs need about {need:,} MB (data cache "
              f"{cache}, run outputs {runs})")
     if free < need:
-        return Check("disk", FAIL, found, f"free space, or point LABS_DATA_DIR and "
-                     f"LABS_RUNS_DIR at a larger disk")
+        return Check("disk", FAIL, found, "free space, or point LABS_DATA_DIR and "
+                     "LABS_RUNS_DIR at a larger disk")
     return Check("disk", OK, found)
 
 

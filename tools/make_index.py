@@ -15,7 +15,6 @@ if __name__ == "__main__" and not __package__:  # run as a file: become `python 
     exec_as_module("tools.make_index")
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -39,8 +38,7 @@ def minutes(seconds: float) -> str:
 
 
 def run_times(folder: Path = NOTEBOOK_DIR) -> dict:
-    path = Path(folder) / RUN_TIMES
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return config.run_times(folder)
 
 
 def run_time_summary(measured: dict) -> str:
