@@ -11,6 +11,7 @@ import enum
 import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 
 class Kind(enum.StrEnum):
@@ -18,7 +19,8 @@ class Kind(enum.StrEnum):
 
     START = "start"  # PS, a run begins: mode, workers, version
     JOINED = "joined"  # PS, every worker pulled its first parameters: workers
-    STEP = "step"  # worker, a step is done: worker, step, version read, compute/wait/delay s, ...
+    STEP = "step"  # worker, a step is done: worker, step, version read, compute/wait/delay s,
+    #   bytes, stamps (a StepStamps as a list), ...
     DONE = "done"  # worker, its last step: worker, steps
     UPDATE = "update"  # PS, one update applied: version, lr, and per push: workers, steps,
     #   versions (read), staleness, weights, fresh
@@ -30,6 +32,42 @@ class Kind(enum.StrEnum):
     DEAD = "dead"  # PS, a worker's process is gone: worker, pid
     TIMEOUT = "timeout"  # PS, workers silent too long: silent_s, workers
     FINAL = "final"  # PS, the run's end: version, test_accuracy, wall_s
+
+
+class StepStamps(NamedTuple):
+    """Wall-clock times (time.time(), s) of one worker step's phases, in order.
+
+    A step is: reach the PS, wait for its token, pull the parameters, compute the gradient,
+    push it;
+    then a simulated straggler sleeps its delay (the event's delay_s) after `returned`.
+    The stamps in the middle are tf.timestamp() taken inside the step function, the token's
+    on the PS itself (one machine: one clock).
+    """
+
+    waiting: float  # began waiting: the call's start, or async's one wait for the first token
+    called: float  # the step function was called
+    reached: float  # on the PS: the call's part there began (= called when it did not fetch)
+    granted: float  # on the PS: the token is taken (= reached when the mode does not wait)
+    arrived: float  # the parameters are on the worker (= granted when it did not fetch)
+    computed: float  # the gradient is computed and added up
+    pushed: float  # the PS holds the push (async: has applied it; = computed when not pushed)
+    returned: float  # the call has returned to Python
+
+    def phases(self) -> list[tuple[str, float, float]]:
+        """(phase, start, end) of each phase that took time: wait, pull, compute, push.
+
+        A pull is two spans: the call's trip to the PS, and the parameters' trip back; the
+        wait for the token (and async's first wait) lies between them.
+
+        The call's return to Python counts with the push, or with the compute when the step
+        did not push (Downpour's accumulating steps).
+        """
+        end_of_compute = self.computed if self.pushed > self.computed else self.returned
+        spans = [("wait", self.waiting, self.called), ("pull", self.called, self.reached),
+                 ("wait", self.reached, self.granted), ("pull", self.granted, self.arrived),
+                 ("compute", self.arrived, end_of_compute),
+                 ("push", end_of_compute, self.returned)]
+        return [(name, a, b) for name, a, b in spans if b > a]
 
 
 class EventLog:

@@ -22,7 +22,7 @@ from pathlib import Path
 from helpers import config
 from helpers.cluster import protocol
 from helpers.cluster.events import EventTail, Kind
-from helpers.cluster.progress import RunProgress
+from helpers.cluster.dashboard import Dashboard
 from helpers.cluster.run import Run
 from helpers.system import netns, resources
 from helpers.system.control import Cmd, Event, command
@@ -65,7 +65,7 @@ class _Watch:
 
     waiting: set  # processes that have not reported done
     tail: EventTail
-    bar: RunProgress | None
+    board: Dashboard | None
     results: dict = field(default_factory=dict)
     ps_error: str | None = None  # a protocol error the PS reported (the cluster lives on)
     joined: bool = False  # every worker has traced its step and joined
@@ -225,17 +225,20 @@ class LocalCluster:
                            f"during {during}", slow[0] if slow else None)
 
     # ------------------------------------------------------------------ training
-    def train(self, progress: bool = True, **kwargs) -> Run:
+    def train(self, progress: bool | str = True, **kwargs) -> Run:
         """Train one model on the cluster; return the Run with its events and summary.
 
         Args:
-            progress: show a live tqdm bar of PS updates and worker steps.
+            progress: show the live dashboard (dashboard.py): True for a widget in Jupyter
+                and a text line elsewhere, "text" or "widget" to choose, False for none.
             **kwargs: the fields of protocol.RunConfig except `workers` (mode, model, data,
                 steps, batch_size, lr, staleness, k, stale, stragglers, faults, ...).
         Raises:
             ValueError: for a bad configuration, before anything is sent to the cluster.
             ClusterError: when a process dies, hangs (stall_timeout) or reports an error.
         """
+        if progress not in (True, False, "auto", "widget", "text"):
+            raise ValueError(f"progress must be True, False, 'widget' or 'text', got {progress!r}")
         if not self.procs:
             raise ClusterError("the cluster is not running: use `with LocalCluster(...) as c:` "
                                "or call start() (a failed run stops the cluster)")
@@ -263,8 +266,12 @@ class LocalCluster:
         """Route messages and watch deaths and progress until every process is done."""
         from helpers.system.resources import ResourceMonitor
 
+        board = None
+        if progress:
+            board = Dashboard(cfg, progress if isinstance(progress, str) else "auto",
+                              status=lambda: self._worker_status(cfg))
         watch = _Watch({n for n, p in self.procs.items() if p.died() is None},
-                       EventTail(run_dir), RunProgress(cfg) if progress else None)
+                       EventTail(run_dir), board)
         lo_before = self.loopback_bytes()
         t0 = time.perf_counter()
         with ResourceMonitor(list(self.pids.values()), interval=0.5, pss_every=2.0) as monitor:
@@ -280,9 +287,8 @@ class LocalCluster:
                     self._route(cfg, watch, name, msg)
                     self._check_progress(cfg, watch)
             finally:
-                if watch.bar:
-                    watch.bar.update(watch.tail.read())
-                    watch.bar.close()
+                if watch.board:
+                    watch.board.close(watch.tail.read())
         wall = time.perf_counter() - t0
         lo_after = self.loopback_bytes()
         if watch.ps_error is not None:
@@ -316,8 +322,17 @@ class LocalCluster:
             watch.waiting.discard(name)
             watch.results[name] = msg.get("result")
 
+    def _worker_status(self, cfg) -> tuple[set[int], set[int], bool]:
+        """For the dashboard: the run's workers whose process is stopped, those that died, and
+        whether the PS's process is stopped."""
+        stopped = {w for w in cfg.worker_ids if f"worker:{w}" in self.procs
+                   and _is_stopped(self.procs[f"worker:{w}"].pid)}
+        ps = self.procs.get("ps:0")
+        return (stopped, {w for w in self.dead_workers if w in cfg.worker_ids},
+                ps is not None and _is_stopped(ps.pid))
+
     def _check_progress(self, cfg, watch: _Watch) -> None:
-        """Feed the bars with new events; fail the run when none came for too long.
+        """Feed the dashboard with new events; fail the run when none came for too long.
 
         Until the workers have joined (tracing the step functions may take long on a busy
         machine) the limit is start_timeout, after that stall_timeout.
@@ -326,9 +341,11 @@ class LocalCluster:
         if events:
             watch.last_progress = time.monotonic()
             watch.joined = watch.joined or any(e["kind"] == Kind.JOINED for e in events)
-            if watch.bar:
-                watch.bar.update(events)
+            if watch.board:
+                watch.board.update(events)
             return
+        if watch.board:  # no new events: still redraw (a silent worker may be hung)
+            watch.board.update([])
         limit = self.stall_timeout if watch.joined else self.start_timeout
         if time.monotonic() - watch.last_progress <= limit:
             return

@@ -27,6 +27,21 @@ class Run:
         """Test accuracy of the final parameters, computed by the PS."""
         return float(self.results["ps:0"]["test_accuracy"])
 
+    def timeline(self, start: float | str = 0.0, seconds: float | None = None, ax=None,
+                 title: str | None = None):
+        """Draw what every worker did when (wait, pull, compute, push, delay) and the PS's
+        updates, drops and checkpoints; `start`/`seconds` pick a window (see timeline.plot)."""
+        from helpers.cluster import timeline
+
+        return timeline.plot(self.events, start, seconds, ax,
+                             title or f"{self.config.mode}, {self.config.workers} workers")
+
+    def to_chrome_trace(self, path) -> Path:
+        """Write the timeline as Trace Event JSON for Perfetto or chrome://tracing."""
+        from helpers.cluster import timeline
+
+        return timeline.to_chrome_trace(self.events, path, name=self.config.run_id)
+
     def summary(self) -> dict:
         """Steps/s, staleness, test accuracy, bytes, CPU% and peak RSS per process."""
         ev = self.events

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from helpers.training import compression
 from helpers.cluster import protocol
+from helpers.cluster import events
 from helpers.cluster.events import Kind
 from helpers.cluster.update import apply_update
 from helpers.cluster.wire import GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket, Token, pack_by_dtype, unpack
@@ -67,13 +68,16 @@ class WorkerLoop:
             token = tf.zeros([len(Token._fields)], tf.int64)
             if fetch:
                 with tf.device(ps):
-                    after = []
+                    reached = tf.timestamp()  # no inputs: runs as the call reaches the PS
+                    after, granted = [], reached
                     if wait:
                         token = raw.QueueDequeueV2(handle=res.tokens[task],
                                                    component_types=[tf.int64])[0]
                         after = [token]
+                        with tf.control_dependencies([token, reached]):
+                            granted = tf.timestamp()  # on the PS: the token is taken
                     # the version first: the parameters read after it hold at least its updates
-                    with tf.control_dependencies(after):
+                    with tf.control_dependencies(after + [granted]):
                         version = raw.ReadVariableOp(resource=res.version, dtype=tf.int64)
                     with tf.control_dependencies([version]):
                         params = [raw.ReadVariableOp(resource=h, dtype=tf.float32)
@@ -87,15 +91,16 @@ class WorkerLoop:
                 with tf.control_dependencies(values):
                     arrived = tf.timestamp()  # the token and the parameters are here
             else:
-                arrived = tf.timestamp()
-            with tf.GradientTape() as tape:
+                arrived = granted = reached = tf.timestamp()
+            with tf.control_dependencies([arrived]), tf.GradientTape() as tape:  # stamps in order
                 loss = loss_fn(y, model(x, training=True))
             grads = tape.gradient(loss, variables)
-            for a, g in zip(self.acc, grads):
-                a.assign_add(g)
+            summed = [a.assign_add(g) for a, g in zip(self.acc, grads)]
             if cfg.n_fetch > 1:  # Downpour: keep training the local copy between fetches
-                for var, g in zip(variables, grads):
-                    var.assign_sub(local_lr * g)
+                summed += [var.assign_sub(local_lr * g) for var, g in zip(variables, grads)]
+            with tf.control_dependencies(summed):
+                computed = tf.timestamp()  # the gradient is computed and added up here
+            pushed = computed
             if push:
                 kind = tf.where(local_step < 0, tf.constant(WARMUP, tf.int64),
                                 tf.constant(GRAD, tf.int64))  # step -1: the warm-up's push
@@ -108,19 +113,22 @@ class WorkerLoop:
                 with tf.device(ps):
                     meta, *wire = unpack(packed, push_shapes)
                     if applies:
-                        self._apply_on_ps(meta, comp.decode(wire, shapes))
+                        sent = self._apply_on_ps(meta, comp.decode(wire, shapes))
                     else:
-                        raw.QueueEnqueueV2(handle=res.grads, components=[meta] + wire)
+                        sent = raw.QueueEnqueueV2(handle=res.grads, components=[meta] + wire)
+                with tf.control_dependencies([sent, computed]):
+                    pushed = tf.timestamp()  # the PS holds the push (async: has applied it)
                 for a in self.acc:
                     a.assign(tf.zeros_like(a))
-            return loss, self.version_read.read_value(), token, arrived
+            stamps = tf.stack([reached, granted, arrived, computed, pushed])
+            return loss, self.version_read.read_value(), token, stamps
 
         self.step = step
 
     def _apply_on_ps(self, meta, grads):
         """async, inside the step function on the PS's device: take the next ticket, apply the
         gradient as that update with its learning rate, then report it applied. A warm-up
-        ticket applies and reports nothing."""
+        ticket applies and reports nothing. Returns a tensor that exists once it is done."""
         raw, res, cfg, ps = tf.raw_ops, self.res, self.cfg, self.node.ps
         with tf.control_dependencies(grads):  # hold no ticket while the gradient is in flight
             t = Ticket(*raw.QueueDequeueV2(handle=res.tickets,
@@ -132,11 +140,13 @@ class WorkerLoop:
                                       cfg.momentum, res.velocity)
                 h = Header(*tf.unstack(meta))
                 with tf.control_dependencies([bumped]):
-                    raw.QueueEnqueueV2(handle=res.applied, components=[
+                    reported = raw.QueueEnqueueV2(handle=res.applied, components=[
                         tf.stack(Applied(ticket=t.ticket, worker=h.worker, step=h.step,
                                          version=h.version))])
+                with tf.control_dependencies([reported]):
+                    return tf.identity(t.ticket)
 
-        tf.cond(t.ticket != WARMUP_TICKET, apply, lambda: None)
+        return tf.cond(t.ticket != WARMUP_TICKET, apply, lambda: tf.identity(t.ticket))
 
     def _warm_up(self):
         """Run the step function before joining, so that no timed step pays to set it up.
@@ -202,11 +212,11 @@ class WorkerLoop:
                     self.log.write(Kind.FAULT, what=fault["kind"], step=step)
                     os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill"
                             else signal.SIGSTOP)
-                wait_s = 0.0
+                wait_s, waited = 0.0, None
                 if step == 0 and not waits_every_step:  # async: once, then never again
-                    t = time.perf_counter()
+                    waited = time.time()
                     token = self._token()
-                    wait_s = time.perf_counter() - t
+                    wait_s = time.time() - waited
                 if pos + cfg.batch_size > n:
                     order, pos = self.rng.permutation(n), 0
                 idx = order[pos:pos + cfg.batch_size]
@@ -214,22 +224,28 @@ class WorkerLoop:
                 fetch = self.downpour.fetch(step)
                 push = self.downpour.accumulate()
                 t = time.time()  # wall clock, as tf.timestamp()
-                loss, version_read, tok, arrived = self.step(
+                loss, version_read, tok, stamps = self.step(
                     self.x[idx], self.y[idx], tf.constant(step, tf.int64), fetch, push,
                     waits_every_step)
                 loss, version_read = float(loss), int(version_read)
-                compute_s = time.time() - t
+                returned = time.time()
+                reached, granted, arrived, computed, pushed = (float(v) for v in stamps.numpy())
+                compute_s = returned - t
                 if waits_every_step:  # the call waited for its token, then computed
                     token = Token(*(int(v) for v in tok.numpy()))
-                    wait_s = float(arrived) - t
+                    wait_s = arrived - t
                     compute_s -= wait_s
                 delay = self._delay(compute_s)
+                # wall-clock stamps of the step's phases (events.StepStamps): its timeline
+                when = events.StepStamps(waited if waited is not None else t, t, reached,
+                                         granted, arrived, computed, pushed, returned)
                 self.log.write(Kind.STEP, worker=self.node.task, step=step,
                                version_read=version_read, fetched=fetch,
                                pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
                                delay_s=delay, bytes_pulled=self.bytes if fetch else 0,
                                bytes_pushed=self.bytes_push if push else 0,
-                               gap=(step - token.slowest) if cfg.mode == "ssp" else None)
+                               gap=(step - token.slowest) if cfg.mode == "ssp" else None,
+                               stamps=list(when))
                 step += 1
         except ended:
             with tf.device(self.node.ps):
