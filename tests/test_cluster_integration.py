@@ -17,11 +17,15 @@ import time
 import warnings
 
 import numpy as np
+import pandas as pd
 import psutil
 import pytest
 
 from helpers.training import compression
-from helpers.cluster import ClusterError, LocalCluster, protocol
+from helpers.cluster import ClusterError, LocalCluster, protocol, timeline
+from helpers.cluster.dashboard import render_html
+from helpers.cluster.runstate import RunState
+from helpers.cluster.events import StepStamps
 from helpers.system import netns
 from helpers.system.processes import log_tail
 from tests.process_cleanup import end_parent_and_pids
@@ -56,7 +60,57 @@ def steps_of(run):
     return ev[ev.kind == "step"]
 
 
-def test_async_downpour_trains_and_records_staleness(cluster):
+def check_views(run, tmp_path):
+    """The dashboard's state, the timeline and the Chrome trace agree with the event log."""
+    ev = run.events
+    st, up = steps_of(run), updates(run)
+    # the dashboard, fed the events one at a time as they were written
+    state = RunState(run.config)
+    waiting = []  # (worker, time): the dashboard said it waits for a token at that moment
+    for e in ev.drop(columns="source").to_dict("records"):
+        e = {k: v for k, v in e.items() if not (np.isscalar(v) and pd.isna(v))}
+        state.feed([e])
+        waiting += [(w, e["t"]) for w in state.workers
+                    if state.doing(w, e["t"]) == "waiting for a token"]
+    frame = state.frame()
+    assert frame["finished"] and frame["ps"]["updates"] == len(up) == run.config.steps
+    assert frame["ps"]["drops"] == (ev.kind == "drop").sum()
+    assert {r["worker"]: r["clock"] for r in frame["workers"]} == \
+        (st.groupby("worker").step.max() + 1).to_dict()
+    if run.config.mode in ("sync", "ssp", "backup"):
+        assert waiting, "a waiting mode with a straggler or a barrier shows waits"
+    # a worker said to wait really did: the PS granted its next step only after that moment
+    granted = {(int(e.worker), int(e.step)): StepStamps(*e.stamps).granted
+               for e in st.itertuples()}
+    clock_at = {}
+    for w, t in waiting:
+        done = st[(st.worker == w) & (st.t <= t)].step.max()
+        nxt = (w, int(done) + 1 if not pd.isna(done) else 0)
+        if nxt in granted:
+            clock_at[nxt] = min(clock_at.get(nxt, t), t)
+    late = [(k, g - clock_at[k]) for k, g in granted.items()
+            if k in clock_at and g < clock_at[k] - 1e-3]
+    assert not late, f"granted before the dashboard's wait ended: {late[:5]}"
+    # the timeline: every step has its compute phase; a worker's phases never overlap
+    sp = timeline.spans(ev)
+    assert len(sp[sp.phase == "compute"]) == len(st)
+    for w, mine in sp.groupby("worker"):
+        mine = mine.sort_values("start")
+        assert (mine.start.to_numpy()[1:] >= mine.end.to_numpy()[:-1] - 1e-6).all(), w
+    # the Chrome trace, loaded back
+    trace = json.loads(run.to_chrome_trace(tmp_path / "run.trace.json").read_text())
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "thread_name"}
+    for w in run.config.worker_ids:
+        assert names[w + 1] == f"worker {w}"
+        mine = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == w + 1]
+        assert sum(e["name"] == "compute" for e in mine) == (st.worker == w).sum()
+        assert all(e["ts"] >= 0 and e["dur"] > 0 for e in mine)
+    assert sum(e["ph"] == "i" and e["name"] == "update" for e in trace["traceEvents"]) == len(up)
+    return state
+
+
+def test_async_downpour_trains_and_records_staleness(cluster, tmp_path):
     # async has no bound on staleness: on a busy machine one worker can be starved and push
     # a gradient 100+ versions old at the very end (0.64 measured beside a notebook run), so
     # the bar is "it learned" (chance is 0.1); the bounded modes below must reach 0.78
@@ -77,6 +131,8 @@ def test_async_downpour_trains_and_records_staleness(cluster):
     if cluster.isolated:  # the wire carries at least the tensor payload counted by the nodes
         assert summary["loopback_bytes"] >= summary["bytes_pushed"] + summary["bytes_pulled"]
     assert set(summary["resources"]) >= {"ps:0", "worker:0"}
+    state = check_views(run, tmp_path)
+    assert state.frame()["ps"]["pending pushes"] is None  # async applies in the worker's call
 
 
 def test_async_workers_apply_under_numbered_tickets_with_schedule_momentum_and_checkpoints(
@@ -105,7 +161,7 @@ def test_async_workers_apply_under_numbered_tickets_with_schedule_momentum_and_c
     assert pushed == sorted((row.workers[0], row.steps[0]) for row in up.itertuples())
 
 
-def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster):
+def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster, tmp_path):
     run = cluster.train(mode="sync", **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
     up = updates(run)
@@ -116,9 +172,10 @@ def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster):
         assert row.weights == pytest.approx([1 / 3] * 3)
     # every worker waited for each new version: one step per worker per update
     assert steps_of(run).groupby("worker").size().tolist() == [STEPS] * 3
+    assert check_views(run, tmp_path).frame()["ps"]["pending pushes"] == 0
 
 
-def test_ssp_gap_never_exceeds_staleness(cluster):
+def test_ssp_gap_never_exceeds_staleness(cluster, tmp_path):
     s = 1
     run = cluster.train(mode="ssp", staleness=s, stragglers={2: 3.0}, **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
@@ -126,9 +183,12 @@ def test_ssp_gap_never_exceeds_staleness(cluster):
     assert st.gap.max() <= s
     assert st.gap.max() == s  # with a 3x straggler the fast workers do run ahead
     assert len(updates(run)) == STEPS
+    state = check_views(run, tmp_path)
+    assert state.bound == s and state.bound_points  # the live plot draws the bound
+    assert "slowest + s" in render_html(state) and "<script" not in render_html(state)
 
 
-def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster):
+def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster, tmp_path):
     k, decay = 2, 0.5
     run = cluster.train(mode="backup", k=k, stale="fold", decay=decay, stragglers={2: 3.0}, **THREE,
                         **COMMON)
@@ -146,9 +206,10 @@ def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster):
         assert sum(row.weights[i] for i in stale) <= 0.5 + 1e-9
         folded += len(stale)
     assert folded > 0, "the 3x straggler should have produced late gradients to fold"
+    assert check_views(run, tmp_path).frame()["ps"]["folds"] == folded
 
 
-def test_backup_drop_discards_late_gradients(cluster):
+def test_backup_drop_discards_late_gradients(cluster, tmp_path):
     run = cluster.train(mode="backup", k=2, stale="drop", stragglers={2: 3.0},
                         checkpoint_every=10, **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
@@ -157,6 +218,9 @@ def test_backup_drop_discards_late_gradients(cluster):
     drops = run.events[run.events.kind == "drop"]
     assert len(drops) > 0 and (drops.staleness >= 1).all()
     assert run.summary()["dropped"] == len(drops)
+    check_views(run, tmp_path)
+    marks = timeline.marks(run.events)
+    assert (marks.kind == "drop").sum() == len(drops) and (marks.kind == "checkpoint").any()
     # one checkpoint per 10 updates, each written once: the pushes that arrive between two
     # updates (a dropped one, or the first of the next k) must not write it again
     ckpts = run.events[run.events.kind == "checkpoint"]
@@ -200,15 +264,27 @@ def test_logreg_trains_on_dbpedia_features_from_a_file(cluster, shared_data, tmp
     assert set(steps_of(run).bytes_pulled) == {4 * (1024 * 14 + 14)}  # a 1024 -> 14 layer
 
 
-def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster):
+def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster, capsys):
     spec = {2: {"dist": "exponential", "mean": 0.005}}
     runs = [cluster.train(mode="sync", stragglers=spec, **THREE,
-                          **dict(COMMON, steps=20, progress=True))
-            for _ in range(2)]
+                          **dict(COMMON, steps=20, progress=live))
+            for live in ("text", True)]  # outside a kernel, True draws text too
     delays = [steps_of(r).query("worker == 2").sort_values("step").delay_s.tolist()
               for r in runs]
     assert delays[0] == delays[1] and len(delays[0]) == 20 and min(delays[0]) > 0
     assert steps_of(runs[0]).query("worker == 0").delay_s.eq(0).all()
+    # the dashboard's text lines, the last of each run its final state
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[sync")]
+    finals = [line for line in lines if "PS v20 (20/20" in line]
+    assert len(finals) == 2 and all("w2 20 done" in line for line in finals), lines
+    # the timeline shows each delay where the worker slept it
+    sp = timeline.spans(runs[0].events)
+    slept = sp[sp.phase == "delay"]
+    assert set(slept.worker) == {2}
+    assert (slept.end - slept.start).sum() == pytest.approx(sum(delays[0]))
+    with pytest.raises(ValueError, match="progress must be True, False, 'widget' or 'text', "
+                                         "got 'yes'"):
+        cluster.train(mode="sync", **THREE, **dict(COMMON, progress="yes"))
 
 
 def test_isolated_cluster_listens_on_no_host_port(cluster):
