@@ -95,12 +95,13 @@ def plot(events: pd.DataFrame, start: float | str = 0.0, seconds: float | None =
 
     t0 = _origin(events)
     sp, mk = spans(events), marks(events)
-    end = (sp.end.max() if len(sp) else events.t.max()) - t0
+    end = max(sp.end.max() if len(sp) else events.t.max(),
+              mk.t.max() if len(mk) else -float("inf")) - t0
     if start == "middle":
         start = max(0.0, (end - (seconds or end)) / 2)
     elif isinstance(start, str):
         raise ValueError(f"start must be a number of seconds or 'middle', got {start!r}")
-    lo, hi = start, end if seconds is None else start + seconds
+    lo, hi = start, end if seconds is None else min(start + seconds, end)
     workers = sorted(sp.worker.unique()) if len(sp) else []
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.5 * (len(workers) + 1) + 1.2))
