@@ -121,3 +121,21 @@ def test_nbval_collects_every_notebook():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     collected = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
     assert collected == {f"notebooks/{p.name}" for p in NOTEBOOKS}
+
+
+def test_make_test_runs_each_notebook_once():
+    """nbval leaves out exactly the notebooks test_executed_copies runs through the runner."""
+    from tests.test_executed_copies import NOTEBOOKS as THROUGH_THE_RUNNER
+
+    [line] = [line for line in (REPO_ROOT / "Makefile").read_text().splitlines()
+              if line.startswith("RUNNER_CHECKED =")]
+    assert set(line.split("=", 1)[1].split()) == set(THROUGH_THE_RUNNER)
+    assert "$(RUNNER_CHECKED:%=--ignore=notebooks/%.ipynb)" in (REPO_ROOT / "Makefile").read_text()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_is_valid_for_its_nbformat_version(path):
+    """JupyterLab warns on an invalid notebook (e.g. cell ids in nbformat 4.4) and nbgrader's
+    validator rejects it: each lesson validates against the schema of the version it declares."""
+    nb = json.loads(path.read_text())
+    nbformat.validate(nb, version=nb["nbformat"], version_minor=nb["nbformat_minor"])
