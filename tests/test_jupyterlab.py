@@ -1,0 +1,177 @@
+"""Where students see it: notebook 05 (quick mode) in JupyterLab, in a real browser.
+
+JupyterLab runs headless on loopback with a token; Playwright drives Debian's `chromium`
+through its executable path (no browser download). The test runs the notebook's cells and
+watches the page: the live dashboard appears while a 3-worker run trains, its worker rows
+change as the run goes on, and the run's final frame stays after the live widget is gone.
+Then the server is stopped and every process it started is checked gone, by PID.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+from playwright.sync_api import Error as PlaywrightError, sync_playwright
+
+from helpers.system.processes import free_ports
+from tools.notebooks import NOTEBOOK_DIR
+
+# starts JupyterLab, a kernel and a cluster: `make unit` leaves it out
+pytestmark = pytest.mark.slow
+
+NOTEBOOK = "05_parameter_server.ipynb"
+LIVE_ROWS = ".labs-dashboard-live .labs-workers"
+FINAL = ".labs-dashboard-final"
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium; .ci/run does)")
+    return path
+
+
+class Lab:
+    """A JupyterLab server on loopback: its page URL, process and folder."""
+
+    def __init__(self, url, server, folder):
+        self.url, self.server, self.folder = url, server, folder
+
+    def descendants(self) -> list[int]:
+        try:
+            return [p.pid for p in psutil.Process(self.server.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self) -> None:
+        """SIGTERM: Jupyter shuts its kernels down and exits; SIGKILL if it does not."""
+        if self.server.poll() is None:
+            self.server.send_signal(signal.SIGTERM)
+            try:
+                self.server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
+
+
+def _running(pids) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture
+def lab(tmp_path, shared_data):
+    """JupyterLab serving a copy of notebook 05, with quick mode and the shared data."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    shutil.copy(NOTEBOOK_DIR / NOTEBOOK, root / NOTEBOOK)
+    port, token = free_ports(1)[0], os.urandom(16).hex()
+    env = dict(os.environ, LABS_QUICK="1", LABS_RUNS_DIR=str(tmp_path / "runs"),
+               LABS_DATA_MIRROR=str(shared_data),
+               LABS_DBPEDIA_DIR=str(shared_data / "dbpedia_subset"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    env.pop("LABS_DASHBOARD", None)
+    env.pop("JUPYTER_PATH", None)
+    with open(tmp_path / "lab.log", "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+            + (["--allow-root"] if os.geteuid() == 0 else []),  # CI's containers run as root
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    lab = Lab(f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK}?token={token}", server, tmp_path)
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}",
+                                       timeout=5).read()
+                break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "lab.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "JupyterLab did not answer in 120 s"
+                time.sleep(0.5)
+        yield lab
+    finally:  # whatever the test did: end the server, then by PID anything it left
+        seen += lab.descendants()
+        lab.stop()
+        for pid in _running(seen):
+            os.kill(pid, signal.SIGKILL)
+
+
+def run_all_cells(page) -> None:
+    """Run > Run All Cells, as a student would; the menu item is disabled until the kernel is
+    up, so try again until a cell shows it started (its prompt turns to [*] or a number)."""
+    started = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        item = page.locator(".lm-Menu-item:not(.lm-mod-disabled)", has_text="Run All Cells")
+        if item.count():
+            item.first.click()
+            try:
+                started.first.wait_for(timeout=15_000)
+                return
+            except PlaywrightError:
+                pass
+        else:
+            page.keyboard.press("Escape")  # close the menu, wait for the kernel
+        time.sleep(2)
+    raise AssertionError("Run All Cells never started the notebook in 180 s")
+
+
+def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
+    chromium = _chromium()
+    frames: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium,
+                                     args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(lab.url)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            run_all_cells(page)
+            # the first live dashboard: the notebook's first 3-worker run
+            page.wait_for_selector(LIVE_ROWS, timeout=600_000)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and page.locator(FINAL).count() == 0:
+                try:
+                    frames.append(page.locator(LIVE_ROWS).first.text_content(timeout=1_000))
+                except PlaywrightError:  # the widget was closed between two looks
+                    pass
+                time.sleep(0.1)
+            final = page.locator(FINAL).first
+            final.wait_for(timeout=60_000)
+            final_text = " ".join(final.text_content().split())
+            final_rows = page.locator(f"{FINAL} .labs-workers").first.text_content()
+            final.scroll_into_view_if_needed()
+            final.screenshot(path=str(lab.folder / "dashboard-final.png"))
+            processes = lab.descendants()  # the kernel and its cluster, while they run
+        finally:
+            browser.close()
+    assert len(set(frames)) >= 2, f"the live rows never changed: {frames[:3]}"
+    assert "finished" in final_text and "PS version" in final_text, final_text
+    assert final_rows.count("done") == 3, final_rows  # each of the 3 workers' rows
+    assert len(processes) >= 5, processes  # kernel, PS, 3 workers (and a namespace holder)
+    lab.stop()  # what a student's closing of JupyterLab does
+    deadline = time.monotonic() + 15  # the kernel's cluster ends with it (its lifeline)
+    while _running(processes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _running(processes), f"left after JupyterLab stopped: {_running(processes)}"
