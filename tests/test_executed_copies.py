@@ -1,8 +1,10 @@
-"""What `make run` writes to build/: no stray stderr, and progress bars in their final state.
+"""What `make run` writes to build/: no stray stderr, progress bars and cluster dashboards in
+their final state, and the timelines.
 
-Notebooks 01 and 02 run in quick mode through the runner itself (tools.run_notebooks).
-The HTML of notebook 01 is then opened in headless Chromium with the network off, to check
-what a reader of the rendered lesson sees.
+Notebooks 01, 02 and 05 run in quick mode through the runner itself (tools.run_notebooks);
+`make test` leaves them out of its nbval run (the Makefile's RUNNER_CHECKED), so each runs once.
+The HTML of notebooks 01 and 05 is then opened in headless Chromium with the network off, to
+check what a reader of the rendered lesson sees.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from tools.run_notebooks import run_one
 # executes notebooks through the runner: `make unit` leaves it out
 pytestmark = pytest.mark.slow
 
-NOTEBOOKS = ("01_doc2vec_dbpedia", "02_logreg_lr_schedules")
+NOTEBOOKS = ("01_doc2vec_dbpedia", "02_logreg_lr_schedules", "05_parameter_server")
 BAR = re.compile(r"(\d+)%\|[█▏▎▍▌▋▊▉ ]*\| *(\d+)/(\d+)")
 
 
@@ -35,7 +37,8 @@ def build(tmp_path_factory, shared_data):
         env.setenv("LABS_DATA_MIRROR", str(shared_data))
         env.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
         for name in NOTEBOOKS:
-            status, _, error, _ = run_one(NOTEBOOK_DIR / f"{name}.ipynb", out, 600, show_progress=False)
+            status, _, error, _ = run_one(NOTEBOOK_DIR / f"{name}.ipynb", out, 600,
+                                          show_progress=False)
             assert status == "ok", f"{name}: {error}"
     return out
 
@@ -98,14 +101,14 @@ class _Text(HTMLParser):
             self.parts.append(data)
 
 
-def test_the_rendered_page_shows_the_finished_bars_offline(build, tmp_path):
+def rendered_dom(page, tmp_path) -> str:
+    """The DOM of an HTML file as headless Chromium renders it, offline."""
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium; .ci/run does)")
     # The network off: a namespace with no interface where the OS allows it, and in any case a
     # proxy that refuses every connection, so the page can fetch nothing (no CDN, no widgets).
     prefix = [] if netns.unavailable_reason() else ["unshare", "--user", "--map-root-user", "--net"]
-    page = build / "01_doc2vec_dbpedia.html"
     dom = subprocess.run(
         prefix + [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -113,11 +116,42 @@ def test_the_rendered_page_shows_the_finished_bars_offline(build, tmp_path):
                   "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0 and "<body" in dom.stdout, dom.stderr[-2000:]
+    return dom.stdout
+
+
+def visible_text(dom: str) -> str:
     parser = _Text()
-    parser.feed(dom.stdout)
-    text = " ".join(" ".join(parser.parts).split())
+    parser.feed(dom)
+    return " ".join(" ".join(parser.parts).split())
+
+
+def test_the_rendered_page_shows_the_finished_bars_offline(build, tmp_path):
+    text = visible_text(rendered_dom(build / "01_doc2vec_dbpedia.html", tmp_path))
     expected = bars(build / "01_doc2vec_dbpedia.ipynb")
     assert expected
     for bar in expected:
         assert " ".join(bar.split()) in text, f"{bar!r} is not on the rendered page"
     assert not re.search(r"\b0%\|", text), "a bar at 0% is on the rendered page"
+
+
+def test_the_rendered_cluster_lesson_shows_final_dashboards_and_timelines(build, tmp_path):
+    """05: each 3-worker run's dashboard in its last frame (every worker done), and the
+    timeline figures as images, in the page a reader opens offline."""
+    dom = rendered_dom(build / "05_parameter_server.html", tmp_path)
+    finals = re.findall(r"<div class=\"labs-dashboard labs-dashboard-final\".*?</table>", dom,
+                        re.S)
+    assert len(finals) == 4, f"{len(finals)} final dashboards (one per 3-worker run expected)"
+    for frame in finals:
+        text = visible_text(frame)
+        assert "finished" in text and text.count(" done ") == 3, text
+    assert "labs-dashboard-live" not in dom  # no live frame left behind
+    text = visible_text(dom)
+    assert "One step at a time: the timeline" in text
+    images = re.findall(r"<img[^>]+src=\"data:image/png;base64,", dom)
+    figures = [i for i, out in outputs(build / "05_parameter_server.ipynb")
+               if "image/png" in out.get("data", {})]
+    assert len(images) == len(figures) and figures, (len(images), figures)
+    timeline = [i for i, cell in enumerate(nbformat.read(str(build / "05_parameter_server.ipynb"),
+                                                         as_version=4).cells)
+                if ".timeline(" in cell.source]
+    assert timeline and set(timeline) <= set(figures)  # the timelines are drawn as images
