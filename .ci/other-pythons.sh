@@ -31,6 +31,7 @@ install() {  # the pinned packages into .venv-$1 (interpreter $2); its pip log: 
     && "$venv/bin/python" -m pip install -q -r "$venv/requirements.txt" >> "$log" 2>&1
 }
 
+STEP_LIMIT=${STEP_LIMIT:-900}  # seconds: an install, the fast tests, or notebook 05
 start=$(date +%s)
 status=0
 declare -A pids
@@ -41,7 +42,7 @@ for v in "${versions[@]}"; do
     continue
   fi
   echo "python $v: $("$py" --version 2>&1) at $py; installing into .venv-$v"
-  install "$v" "$py" &
+  timeout --kill-after=20 "$STEP_LIMIT" bash -c "$(declare -f install); install $v $py" &
   pids[$v]=$!
 done
 ready=()
@@ -63,10 +64,16 @@ for v in $(printf '%s\n' "${ready[@]}" | sort); do
     status=1
     continue
   fi
+  # each step has a deadline (several times what it takes here), so that a hang fails with
+  # its name in the log instead of using up CI's whole budget
   echo "python $v: fast tests, then notebook 05 (quick)"
-  ".venv-$v/bin/python" -m pytest -q -m "not slow" tests || status=1
-  LABS_QUICK=1 ".venv-$v/bin/python" -m pytest -q --nbval-lax --nbval-current-env \
-    --nbval-cell-timeout=900 notebooks/05_parameter_server.ipynb || status=1
+  timeout --kill-after=20 "$STEP_LIMIT" ".venv-$v/bin/python" -m pytest -q -m "not slow" tests \
+    || { echo "python $v: the fast tests failed (or ran past $STEP_LIMIT s)" >&2; status=1; }
+  echo "python $v: fast tests done after $(( $(date +%s) - t )) s"
+  LABS_QUICK=1 timeout --kill-after=20 "$STEP_LIMIT" ".venv-$v/bin/python" -m pytest -q \
+    --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
+    notebooks/05_parameter_server.ipynb \
+    || { echo "python $v: notebook 05 failed (or ran past $STEP_LIMIT s)" >&2; status=1; }
   echo "python $v: tested in $(( $(date +%s) - t )) s"
 done
 exit $status
