@@ -89,6 +89,15 @@ def test_step_phases_are_ordered_and_a_step_that_does_not_push_has_no_push():
     assert local.phases()[-1][2] == 2.0
 
 
+def test_the_last_step_bar_adds_both_halves_of_a_pull():
+    state = RunState(cfg(mode="sync"))
+    stamps = [1.0, 1.0, 1.1, 1.5, 1.6, 1.7, 1.9, 2.0]  # StepStamps, as a worker logs them
+    state.feed(START + [step(0, 0, 2.0, 0, stamps=stamps, delay_s=0.25)])
+    phases = state.workers[0].phases
+    assert phases["pull"] == pytest.approx(0.1 + 0.1) and phases["wait"] == pytest.approx(0.4)
+    assert phases["delay"] == 0.25 and sum(phases.values()) == pytest.approx(1.25)
+
+
 def test_bad_dashboard_style_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv("LABS_DASHBOARD", "fancy")
     with pytest.raises(ValueError, match="got 'fancy' \\(from LABS_DASHBOARD"):

@@ -106,11 +106,13 @@ class RunState:
         if e.get("pushed") and e["step"] >= 0:
             self.pushes_sent += 1
         if e.get("stamps"):
-            stamps = StepStamps(*e["stamps"])
-            w.phases = {name: b - a for name, a, b in stamps.phases()}
+            w.phases = {}
+            for name, a, b in StepStamps(*e["stamps"]).phases():  # a pull is two spans
+                w.phases[name] = w.phases.get(name, 0.0) + (b - a)
             if e.get("delay_s"):
                 w.phases["delay"] = e["delay_s"]
-        w.points = _thin(w.points + [(e["t"], w.clock)])
+        w.points.append((e["t"], w.clock))
+        w.points = _thin(w.points)
 
     # ------------------------------------------------------------------ what is happening
     def doing(self, w: int, now: float) -> str:
@@ -151,7 +153,7 @@ class RunState:
         if t0 is None or now <= t0:
             return 0.0
         if self.final is not None:
-            return count / (self.final["t"] - t0)
+            return count / max(self.final["t"] - t0, 1e-9)
         window = min(RATE_WINDOW_S, now - t0)
         return sum(1 for t in times if t > now - window) / window
 
