@@ -36,6 +36,9 @@ def build(tmp_path_factory, shared_data):
         env.setenv("LABS_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
         env.setenv("LABS_DATA_MIRROR", str(shared_data))
         env.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
+        # as `make run` on a student's machine: CI's MPLBACKEND=Agg would keep every figure
+        # out of the executed copies (the kernels' inline backend draws them)
+        env.delenv("MPLBACKEND", raising=False)
         for name in NOTEBOOKS:
             status, _, error, _ = run_one(NOTEBOOK_DIR / f"{name}.ipynb", out, 600,
                                           show_progress=False)
