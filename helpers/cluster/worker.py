@@ -18,8 +18,7 @@ import tensorflow as tf
 
 from helpers.training import compression
 from helpers.cluster import protocol
-from helpers.cluster import events
-from helpers.cluster.events import Kind
+from helpers.cluster.events import Kind, StepStamps
 from helpers.cluster.update import apply_update
 from helpers.cluster.wire import GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket, Token, pack_by_dtype, unpack
 
@@ -236,9 +235,9 @@ class WorkerLoop:
                     wait_s = arrived - t
                     compute_s -= wait_s
                 delay = self._delay(compute_s)
-                # wall-clock stamps of the step's phases (events.StepStamps): its timeline
-                when = events.StepStamps(waited if waited is not None else t, t, reached,
-                                         granted, arrived, computed, pushed, returned)
+                # wall-clock stamps of the step's phases (StepStamps): its timeline
+                when = StepStamps(waited if waited is not None else t, t, reached,
+                                  granted, arrived, computed, pushed, returned)
                 self.log.write(Kind.STEP, worker=self.node.task, step=step,
                                version_read=version_read, fetched=fetch,
                                pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
