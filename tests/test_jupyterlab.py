@@ -137,6 +137,21 @@ def run_all_cells(page) -> None:
     raise AssertionError("Run All Cells never started the notebook in 180 s")
 
 
+def screenshot(page, selector, path, tries=5) -> None:
+    """A picture of the first `selector` on the page, to look at after a failure. JupyterLab
+    takes cells that are out of view off the page while later cells' outputs arrive, so the
+    element found can be gone a moment later: look it up again and retry."""
+    for _ in range(tries):
+        try:
+            element = page.locator(selector).first
+            element.scroll_into_view_if_needed(timeout=5_000)
+            element.screenshot(path=str(path), timeout=10_000)
+            return
+        except PlaywrightError:
+            time.sleep(1)
+    page.screenshot(path=str(path))  # what the page showed instead
+
+
 def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
     chromium = _chromium()
     frames: list[str] = []
@@ -161,8 +176,7 @@ def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
             final.wait_for(timeout=60_000)
             final_text = " ".join(final.text_content().split())
             final_rows = page.locator(f"{FINAL} .labs-workers").first.text_content()
-            final.scroll_into_view_if_needed()
-            final.screenshot(path=str(lab.folder / "dashboard-final.png"))
+            screenshot(page, FINAL, lab.folder / "dashboard-final.png")
             processes = lab.descendants()  # the kernel and its cluster, while they run
         finally:
             browser.close()
