@@ -129,6 +129,21 @@ def job(replicas: int, optimizer, batches, n: int, evaluate: str = "end", test_s
             "evaluate": evaluate, "test_size": test_size, "seed": seed, "warmup": warmup}
 
 
+def epoch_timer():
+    """A Keras callback that keeps the seconds of the last epoch fit ran in `.seconds` (Keras is
+    imported here, when a configuration runs, as everywhere in this module)."""
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds = time.perf_counter() - self.t0
+
+    return EpochTimer()
+
+
 def train_one_config(spec: dict) -> dict:
     """Run one configuration in this process; return its timings, accuracies and resource use."""
     strategy = strategy_over(configure_devices(spec["replicas"]))  # before any other TF op
@@ -153,14 +168,20 @@ def train_one_config(spec: dict) -> dict:
         model.set_weights(start)
     out = {"replicas": strategy.num_replicas_in_sync,
            "devices": list(strategy.extended.worker_devices), "pid": os.getpid(),
-           "batch": batches, "examples": [], "epoch_s": [], "test_acc": []}
+           "batch": batches, "examples": [], "epoch_s": [], "fit_s": [], "test_acc": []}
+    # The epoch is timed by Keras' own epoch callbacks. The `fit` call around it also builds
+    # and tears down the distributed input pipeline; tearing it down waits for each device's
+    # prefetch thread, which on logical CPUs stalled for seconds now and then, CPU idle
+    # (seen with py-spy: ~MultiDeviceIterator). That is the fit's, not the epoch's: fit_s.
+    timer = epoch_timer()
     with ResourceMonitor(interval=0.2) as monitor:
         for epoch, batch in enumerate(batches):
             m = (spec["n"] // batch) * batch
             t0 = time.perf_counter()
             model.fit(x[:m], y[:m], batch_size=batch, epochs=epoch + 1, initial_epoch=epoch,
-                      shuffle=True, verbose=0)
-            out["epoch_s"].append(time.perf_counter() - t0)
+                      shuffle=True, verbose=0, callbacks=[timer])
+            out["fit_s"].append(time.perf_counter() - t0)
+            out["epoch_s"].append(timer.seconds)
             out["examples"].append(m)
             if spec["evaluate"] == "epoch" or epoch == len(batches) - 1:
                 # not model.evaluate: under a strategy it builds a distributed iterator, pulls
