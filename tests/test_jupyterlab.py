@@ -138,9 +138,10 @@ def run_all_cells(page) -> None:
 
 
 def screenshot(page, selector, path, tries=5) -> None:
-    """A picture of the first `selector` on the page, to look at after a failure. JupyterLab
-    takes cells that are out of view off the page while later cells' outputs arrive, so the
-    element found can be gone a moment later: look it up again and retry."""
+    """A picture of the first `selector` on the page, to look at after a failure. While later
+    cells' outputs arrive, JupyterLab can re-render the output the element sits in, so the
+    element found can be detached a moment later (CI saw "Element is not attached to the
+    DOM"): look it up again and retry."""
     for _ in range(tries):
         try:
             element = page.locator(selector).first
