@@ -170,9 +170,9 @@ def train_one_config(spec: dict) -> dict:
            "devices": list(strategy.extended.worker_devices), "pid": os.getpid(),
            "batch": batches, "examples": [], "epoch_s": [], "fit_s": [], "test_acc": []}
     # The epoch is timed by Keras' own epoch callbacks. The `fit` call around it also builds
-    # and tears down the distributed input pipeline; tearing it down waits for each device's
-    # prefetch thread, which on logical CPUs stalled for seconds now and then, CPU idle
-    # (seen with py-spy: ~MultiDeviceIterator). That is the fit's, not the epoch's: fit_s.
+    # and tears down the distributed input pipeline; tearing it down (TF's MultiDeviceIterator)
+    # waits for each device's prefetch thread, which on logical CPUs can take seconds with the
+    # CPU idle. That is the fit call's time, not the epoch's: fit_s.
     timer = epoch_timer()
     with ResourceMonitor(interval=0.2) as monitor:
         for epoch, batch in enumerate(batches):
