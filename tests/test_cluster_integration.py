@@ -2,7 +2,8 @@
 are reported, and nothing is left running or listening.
 
 Sizes are small (logistic regression on a 6,000-image MNIST subset, 150 PS updates) so that
-the whole file runs in a few minutes on 2 cores; clusters are reused across tests.
+the whole file runs in a few minutes on 2 cores; clusters are reused across tests. The tests of
+the shared cluster run twice: with one PS task, and with the parameters sharded over two.
 """
 import _thread
 import json
@@ -22,7 +23,7 @@ import psutil
 import pytest
 
 from helpers.training import compression
-from helpers.cluster import ClusterError, LocalCluster, protocol, timeline
+from helpers.cluster import ClusterError, LocalCluster, protocol, timeline, wire
 from helpers.cluster.dashboard import render_html
 from helpers.cluster.runstate import RunState
 from helpers.cluster.events import StepStamps
@@ -44,10 +45,13 @@ COMMON = dict(steps=STEPS, batch_size=64, lr=0.2, train_size=6000, test_size=200
 THREE = dict(workers=3, worker_ids=[0, 1, 2])  # the mode tests; worker 3 is spare for faults
 
 
-@pytest.fixture(scope="module")
-def cluster(shared_data):
-    with LocalCluster(workers=4, isolate="auto") as c:
+@pytest.fixture(scope="module", params=[1, 2], ids=["ps1", "ps2"])
+def cluster(shared_data, request):
+    with LocalCluster(workers=4, isolate="auto", ps=request.param) as c:
         yield c
+
+
+SYNC_FINAL = {}  # PS tasks -> the final parameters of the sync test's run
 
 
 def updates(run):
@@ -162,8 +166,14 @@ def test_async_workers_apply_under_numbered_tickets_with_schedule_momentum_and_c
 
 
 def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster, tmp_path):
-    run = cluster.train(mode="sync", **THREE, **COMMON)
+    run = cluster.train(mode="sync", checkpoint_every=STEPS, **THREE, **COMMON)
     assert run.test_accuracy > MIN_ACCURACY
+    # sync is deterministic: sharded or not, the same updates give the same parameters
+    with np.load(run.dir / "ckpt" / f"ckpt-{STEPS:07d}.npz") as f:
+        SYNC_FINAL[cluster.ps] = [f[k] for k in sorted(f.files)]
+    if len(SYNC_FINAL) == 2:
+        for one, two in zip(SYNC_FINAL[1], SYNC_FINAL[2]):
+            np.testing.assert_allclose(one, two, rtol=0, atol=1e-6)
     up = updates(run)
     assert len(up) == STEPS
     for _, row in up.iterrows():
@@ -228,15 +238,18 @@ def test_backup_drop_discards_late_gradients(cluster, tmp_path):
 
 
 def test_compressed_pushes_send_fewer_bytes_and_still_train(cluster):
-    """float16 halves a push; top-1% sends 1% of entries as value + int32 index."""
+    """float16 halves a push; top-1% sends 1% of entries as value + int32 index (of each
+    piece: sharded over 2 tasks, of each half of the weights)."""
     logreg = [(784, 10), (10,)]  # the gradient shapes of logistic regression on MNIST
+    pieces = [p.shape for p in wire.plan(logreg, cluster.ps)]
+    top = {1: 79 + 1, 2: 40 + 40 + 1}[cluster.ps]  # ceil(1% of 7840), or of 3920 twice; bias 1
     plain = cluster.train(mode="sync", **THREE, **COMMON)
-    for spec, payload in (("float16", 2 * 7850), ({"topk": 0.01}, 8 * (79 + 1))):
+    for spec, payload in (("float16", 2 * 7850), ({"topk": 0.01}, 8 * top)):
         run = cluster.train(mode="sync", compress=spec, **THREE, **COMMON)
         assert run.test_accuracy > MIN_ACCURACY, spec
         pushed = steps_of(run).bytes_pushed
         assert set(pushed) == {payload + 32}, spec  # + the int64[4] header
-        assert compression.from_spec(spec).bytes_for(logreg) == payload
+        assert compression.from_spec(spec).bytes_for(pieces) == payload
         if cluster.isolated:  # the network really carried less: pulls are unchanged
             saved = (plain.summary()["bytes_pushed"] - run.summary()["bytes_pushed"])
             assert plain.summary()["loopback_bytes"] - run.summary()["loopback_bytes"] > saved / 2
@@ -291,16 +304,19 @@ def test_isolated_cluster_listens_on_no_host_port(cluster):
     if not cluster.isolated:
         pytest.skip("unprivileged user namespaces are not permitted on this machine, so the "
                     "cluster runs unisolated (LocalCluster warned about it)")
-    port = int(json.loads((cluster.dir / "cluster.json").read_text())["ps"][0].rsplit(":")[1])
-    # inside the namespace the PS listens on that port ...
-    assert port in cluster.network.listening_ports()
+    ports = [int(a.rsplit(":")[1])
+             for a in json.loads((cluster.dir / "cluster.json").read_text())["ps"]]
+    assert len(ports) == cluster.ps
+    # inside the namespace each PS task listens on its port ...
+    assert set(ports) <= set(cluster.network.listening_ports())
     # ... while the host namespace has no listening socket of any cluster process
     cluster_pids = set(cluster.pids.values())
     host = [c for c in psutil.net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN and c.pid in cluster_pids]
     assert host == []
-    with socket.socket() as s:
-        assert s.connect_ex(("127.0.0.1", port)) != 0
+    for port in ports:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def test_not_permitted_isolation_warns_once_or_raises(monkeypatch):
@@ -349,14 +365,23 @@ def test_bad_config_raises_before_anything_starts():
         LocalCluster(workers=0)
     with pytest.raises(ValueError, match="isolate must be"):
         LocalCluster(workers=1, isolate="maybe")
+    with pytest.raises(ValueError, match=r"ps must be an integer >= 1 \(the number of PS "
+                                         r"tasks\), got 0"):
+        LocalCluster(workers=1, ps=0)
 
 
 def test_killed_ps_fails_fast_naming_it(cluster):
-    """Last user of the shared cluster: its PS dies at update 30, after a checkpoint."""
+    """Last user of the shared cluster: a PS task dies at update 30, after a checkpoint (the
+    one PS, or the sharded cluster's task 1, which holds half of the parameters)."""
     pids = list(cluster.pids.values())
-    with pytest.raises(ClusterError, match=r"ps:0 \(pid \d+\) killed by SIGKILL") as err:
+    task = cluster.ps - 1
+    with pytest.raises(ValueError, match=rf"faults \['ps:{cluster.ps}'\] name PS tasks this "
+                                         rf"cluster does not have: it has ps={cluster.ps}"):
+        cluster.train(mode="sync", faults={f"ps:{cluster.ps}": {"kind": "kill", "at": 3}},
+                      **COMMON)
+    with pytest.raises(ClusterError, match=rf"ps:{task} \(pid \d+\) killed by SIGKILL") as err:
         cluster.train(mode="async", run_id=f"{cluster.name}-killed", checkpoint_every=10,
-                      faults={"ps": {"kind": "kill", "at": 30}}, **COMMON)
+                      faults={f"ps:{task}": {"kind": "kill", "at": 30}}, **COMMON)
     assert "(this run) ---" in str(err.value)  # the tail starts where this run began
     events = (cluster.dir.parent / f"{cluster.name}-killed" / "ps-0.jsonl").read_text()
     fault_t = [json.loads(line)["t"] for line in events.splitlines() if '"fault"' in line][0]
@@ -393,7 +418,7 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with LocalCluster(workers=1, isolate="auto", evaluator=True) as c:
+            with LocalCluster(workers=1, isolate="auto", evaluator=True, ps=cluster.ps) as c:
                 run = c.train(mode="async", run_id=run_id, resume=True, checkpoint_every=40,
                               **COMMON)
                 pids = list(c.pids.values())

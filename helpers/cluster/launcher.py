@@ -73,10 +73,12 @@ class _Watch:
 
 
 class LocalCluster:
-    """A parameter server and N workers on this machine, as separate OS processes.
+    """Parameter server task(s) and N workers on this machine, as separate OS processes.
 
     Args:
         workers: number of worker processes (>= 1).
+        ps: number of PS tasks (>= 1). With more than one the parameters are sharded over
+            them (wire.plan); task 0 also runs the protocol (tokens, decisions, checkpoints).
         isolate: "auto" runs the cluster in a private network namespace when the OS allows
             it (else warns once that ports are reachable from the network); True requires
             it; False never isolates.
@@ -89,9 +91,12 @@ class LocalCluster:
 
     def __init__(self, workers: int = 2, isolate="auto", evaluator: bool = False,
                  start_timeout: float = 120.0, stall_timeout: float = 60.0,
-                 name: str | None = None):
+                 name: str | None = None, ps: int = 1):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+        if isinstance(ps, bool) or not isinstance(ps, int) or ps < 1:
+            raise ValueError(f"ps must be an integer >= 1 (the number of PS tasks), got {ps!r}")
+        self.ps = ps
         for label, value in (("start_timeout", start_timeout), ("stall_timeout", stall_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
@@ -118,13 +123,13 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         """Start every process and block until all report ready; raise with a log tail if not."""
         t0 = time.perf_counter()
-        processes = 1 + self.workers + self.evaluator
+        processes = self.ps + self.workers + self.evaluator
         try:
             resources.check_memory(
-                processes, f"A cluster of 1 PS, {self.workers} worker(s)"
+                processes, f"A cluster of {self.ps} PS task(s), {self.workers} worker(s)"
                 f"{' and an evaluator' if self.evaluator else ''}",
-                lambda fit: f"Start fewer workers (workers={max(1, fit - 1 - self.evaluator)} "
-                            "would fit)")
+                lambda fit: f"Start fewer workers "
+                            f"(workers={max(1, fit - self.ps - self.evaluator)} would fit)")
         except resources.NotEnoughMemory as exc:
             raise ClusterError(str(exc)) from None
         _LIVE.add(self)
@@ -135,13 +140,16 @@ class LocalCluster:
                 raise ClusterError(str(exc)) from None
             self.dir = config.runs_dir(self.name)
             host = "localhost"
-            ports = [2222] if self.isolated else free_ports(1)
-            spec = {"ps": [f"{host}:{ports[0]}"]}
+            ports = ([2222 + t for t in range(self.ps)] if self.isolated
+                     else free_ports(self.ps))
+            spec = {"ps": [f"{host}:{port}" for port in ports]}
             (self.dir / "cluster.json").write_text(json.dumps(spec))
             env = dict(os.environ, TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false",
                        PYTHONUNBUFFERED="1",
                        MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"))
-            jobs = [("ps", 0)] + [("worker", i) for i in range(self.workers)]
+            # the other PS tasks first: task 0 connects to them as it starts
+            jobs = [("ps", t) for t in range(1, self.ps)] + [("ps", 0)]
+            jobs += [("worker", i) for i in range(self.workers)]
             jobs += [("evaluator", 0)] if self.evaluator else []
             for job, task in jobs:
                 cmd = prefix + [sys.executable, "-m", "helpers.cluster.node", "--cluster",
@@ -249,6 +257,10 @@ class LocalCluster:
         if not kwargs.get("run_id"):
             kwargs["run_id"] = f"{self.name}-run{next(_COUNTER)}"
         cfg = protocol.validate(protocol.RunConfig(**kwargs))
+        bad = [k for k in cfg.faults if str(k).startswith("ps:") and int(str(k)[3:]) >= self.ps]
+        if bad:
+            raise ValueError(f"faults {bad} name PS tasks this cluster does not have: it has "
+                             f"ps={self.ps} (tasks 0 to {self.ps - 1})")
         run_dir = config.runs_dir(cfg.run_id)
         cfg_path = run_dir / "config.json"
         cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
@@ -256,10 +268,12 @@ class LocalCluster:
         if missing:
             raise ValueError(f"workers {missing} are dead or do not exist; live workers: {live}")
         pids = {w: self.procs[f"worker:{w}"].pid for w in cfg.worker_ids}
+        ps_pids = {t: self.procs[f"ps:{t}"].pid for t in range(self.ps)}
         self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
         for name, proc in self.procs.items():
             if proc.died() is None:
-                proc.send(command(Cmd.RUN, config=str(cfg_path), worker_pids=pids))
+                proc.send(command(Cmd.RUN, config=str(cfg_path), worker_pids=pids,
+                                  ps_pids=ps_pids))
         return self._watch(cfg, run_dir, progress)
 
     def _watch(self, cfg, run_dir, progress) -> Run:

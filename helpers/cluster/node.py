@@ -28,10 +28,18 @@ class Node:
         import tensorflow as tf
 
         self.tf, self.cluster, self.job, self.task, self.proto = tf, cluster, job, task, proto
-        self.ps_addr = cluster["ps"][0]
-        self.ps = "/job:ps/replica:0/task:0/device:CPU:0"
-        spec = tf.train.ClusterSpec({"ps": [self.ps_addr]})
-        if job == "ps":
+        self.ps_addrs = list(cluster["ps"])
+        self.ps_devices = [f"/job:ps/replica:0/task:{t}/device:CPU:0"
+                           for t in range(len(self.ps_addrs))]
+        self.ps = self.ps_devices[0]  # PS task 0: the protocol's queues and counters
+        self.server = None
+        spec = tf.train.ClusterSpec({"ps": self.ps_addrs})
+        if job == "ps" and task > 0:
+            # another PS task of a sharded cluster only holds pieces of the parameters: a
+            # plain TF server, which the others reach (eager clients each waiting for the
+            # others at their first op would deadlock, as workers listed in one spec do)
+            self.server = tf.distribute.Server(spec, job_name="ps", task_index=task, start=True)
+        elif job == "ps":
             # every worker blocked in a dequeue holds one inter-op thread of the PS: with the
             # default (one per core) a third waiting worker starves everyone else
             tf.config.threading.set_inter_op_parallelism_threads(64)
@@ -40,7 +48,7 @@ class Node:
         elif task < len(cluster.get(job, [])):
             # a worker lists only the PS and itself (listing all workers deadlocks, see the
             # facts note); its own address must be one the PS can reach to fetch tensors
-            own = tf.train.ClusterSpec({"ps": [self.ps_addr], job: {task: cluster[job][task]}})
+            own = tf.train.ClusterSpec({"ps": self.ps_addrs, job: {task: cluster[job][task]}})
             tf.config.experimental_connect_to_cluster(own, job_name=job, task_index=task)
             with tf.device(self.ps):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
@@ -49,6 +57,22 @@ class Node:
             with tf.device(self.ps):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
 
+    def wait_for_ps0_to_end(self, every: float = 1.0, misses: int = 3) -> None:
+        """Standalone PS task > 0: return once PS task 0's port has refused `misses` times in a
+        row after it was reached (task 0's process exits when the run ends)."""
+        import socket
+        import time
+
+        host, port = self.ps_addrs[0].rsplit(":", 1)
+        reached, missed = False, 0
+        while missed < misses:
+            try:
+                socket.create_connection((host, int(port)), timeout=every).close()
+                reached, missed = True, 0
+            except OSError:
+                missed += reached
+            time.sleep(every)
+
     def say(self, event: Event, **fields) -> None:
         """Send one message to the launcher (helpers.system.control)."""
         if self.proto is not None:
@@ -56,8 +80,11 @@ class Node:
             self.proto.flush()
 
     # ---------------------------------------------------------------- entry
-    def run(self, cfg, run_dir: Path, worker_pids: dict | None = None) -> dict:
+    def run(self, cfg, run_dir: Path, worker_pids: dict | None = None,
+            ps_pids: dict | None = None) -> dict:
         """Take part in one training run as this node's job; return a result for the launcher."""
+        if self.server is not None:  # another PS task: its server does the work
+            return {"ps_task": self.task}
         from helpers.data import arrays
         from helpers.training import models
         from helpers.cluster import events, wire
@@ -74,12 +101,12 @@ class Node:
             data = (x_te, y_te)
         model = models.build(cfg.model, data[0].shape[1:], classes, cfg.seed)
         shapes = [tuple(v.shape) for v in model.trainable_variables]
-        res = wire.declare(self.tf, self.ps, cfg, shapes)
+        res = wire.declare(self.tf, self.ps_devices, cfg, shapes)
         try:
             if self.job == "ps":
                 from helpers.cluster.ps import PSLoop
 
-                loop = PSLoop(self, cfg, run_dir, log, model, res, worker_pids, data)
+                loop = PSLoop(self, cfg, run_dir, log, model, res, worker_pids, data, ps_pids)
             elif self.job == "evaluator":
                 from helpers.cluster.evaluator import EvaluatorLoop
 
@@ -134,6 +161,8 @@ def main(argv=None) -> int:
         cfg = validate(RunConfig.from_dict(body))
         run_dir = Path(body.get("run_dir") or Path(args.run).parent)
         result = node.run(cfg, run_dir)
+        if node.server is not None:  # another PS task: serve the run until task 0 has ended it
+            node.wait_for_ps0_to_end()
         print(json.dumps(result), flush=True)
         return 0
     for line in sys.stdin:  # EOF: the launcher is gone
@@ -146,7 +175,8 @@ def main(argv=None) -> int:
             node.say(Event.DONE, run=cfg.run_id, result={"idle": True})
             continue
         try:
-            result = node.run(cfg, Path(cmd["config"]).parent, cmd.get("worker_pids"))
+            result = node.run(cfg, Path(cmd["config"]).parent, cmd.get("worker_pids"),
+                              cmd.get("ps_pids"))
             node.say(Event.DONE, run=cfg.run_id, result=result)
         except Exception as exc:  # reported to the launcher, which raises it with the log tail
             traceback.print_exc()

@@ -177,7 +177,7 @@ class RunConfig:
     train_size: int | None = 6000  # training examples in total (None = all)
     test_size: int | None = 2000
     stragglers: dict = field(default_factory=dict)  # worker -> factor | {"dist", "mean"}
-    faults: dict = field(default_factory=dict)  # "ps" | worker -> {"kind", "at"}
+    faults: dict = field(default_factory=dict)  # "ps" | "ps:J" | worker -> {"kind", "at"}
     checkpoint_every: int = 0  # PS updates between checkpoints (0 = none)
     # PS: give up after this many seconds without a message from any worker (0 = wait
     # forever). For standalone multi-host runs, where no launcher watches the workers.
@@ -276,9 +276,11 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"a straggler slowdown factor must be >= 1, got {spec!r} "
                              f"for worker {w}")
     for who, spec in cfg.faults.items():
-        if str(who) != "ps" and (not str(who).isdigit() or int(who) not in cfg.worker_ids):
-            raise ValueError(f"faults are keyed by 'ps' or a worker in {cfg.worker_ids}, "
-                             f"got {who!r}")
+        ps_task = str(who).startswith("ps:") and str(who)[3:].isdigit()
+        if (str(who) != "ps" and not ps_task
+                and (not str(who).isdigit() or int(who) not in cfg.worker_ids)):
+            raise ValueError(f"faults are keyed by 'ps' (PS task 0), 'ps:J' (PS task J of a "
+                             f"sharded cluster) or a worker in {cfg.worker_ids}, got {who!r}")
         if not isinstance(spec, dict) or spec.get("kind") not in FAULT_KINDS:
             raise ValueError(f"a fault is {{'kind': 'kill'|'hang', 'at': step}}, got {spec!r}")
         _positive_int(f"fault step for {who}", spec.get("at"), minimum=0)

@@ -19,7 +19,8 @@ import tensorflow as tf
 from helpers import files
 from helpers.cluster import protocol
 from helpers.cluster.events import Kind
-from helpers.cluster.update import apply_update
+from helpers.cluster import wire
+from helpers.cluster.update import apply_update, staged_apply
 from helpers.cluster.wire import DEAD, WARMUP, WARMUP_TICKET, Applied, Header, Token
 from helpers.training import compression, models
 
@@ -30,10 +31,11 @@ ASYNC_CHUNK = 16
 class PSLoop:
     """Hold the parameters, apply pushes by the rules of the mode, hand out step tokens."""
 
-    def __init__(self, node, cfg, run_dir, log, model, res, worker_pids, test):
+    def __init__(self, node, cfg, run_dir, log, model, res, worker_pids, test, ps_pids=None):
         self.node, self.cfg, self.run_dir, self.log = node, cfg, run_dir, log
         self.model, self.res, self.test = model, res, test
         self.worker_pids = {int(k): v for k, v in (worker_pids or {}).items()}
+        self.ps_pids = {int(k): v for k, v in (ps_pids or {}).items()}  # other PS tasks' PIDs
         self.alive = set(cfg.worker_ids)
         self.finished: set[int] = set()
         self.clock = {w: 0 for w in cfg.worker_ids}  # pushes applied per worker (SSP)
@@ -47,6 +49,11 @@ class PSLoop:
         self.shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.version = 0
         self.last_ckpt = None
+        # sharded (P > 1): pushes wait in the PS tasks' stage buffers; PS task 0 applies them
+        # by key, and removes dropped and warm-up pushes with the next update (weight 0)
+        self.apply_staged = (staged_apply(res, self.comp, cfg.momentum) if res.sharded
+                             else None)
+        self.discard: list[int] = []
 
     # ----------------------------------------------------------- helpers
     def _init_vars(self):
@@ -59,16 +66,18 @@ class PSLoop:
                 values = [f[f"w{i}"] for i in range(len(values))]
             self.version = int(latest["version"])
             self.log.write(Kind.RESUME, version=self.version, file=latest["file"])
-        for h, v in zip(res.vars, values):
+        for h, v in zip(res.vars, wire.split(values, res.pieces)):  # on its PS task
             raw.AssignVariableOp(resource=h, value=tf.constant(v))
-        for h, v in zip(res.velocity, values):  # momentum starts at rest, resumed runs too
-            raw.AssignVariableOp(resource=h, value=tf.zeros(v.shape))
+        for h, p in zip(res.velocity, res.pieces):  # momentum starts at rest, resumed runs too
+            raw.AssignVariableOp(resource=h, value=tf.zeros(p.shape))
         raw.AssignVariableOp(resource=res.version, value=tf.constant(self.version, tf.int64))
         raw.AssignVariableOp(resource=res.stopped, value=tf.constant(0, tf.int64))
 
     def _values(self):
+        """The whole variables, their pieces read from every PS task."""
         raw = tf.raw_ops
-        return [raw.ReadVariableOp(resource=h, dtype=tf.float32).numpy() for h in self.res.vars]
+        parts = [raw.ReadVariableOp(resource=h, dtype=tf.float32).numpy() for h in self.res.vars]
+        return wire.join(parts, self.res.pieces, np.concatenate)
 
     def _grant(self, worker: int, token: Token) -> None:
         """Put one step token in the worker's queue."""
@@ -80,10 +89,19 @@ class PSLoop:
         tf.raw_ops.QueueEnqueueManyV2(handle=self.res.tickets, components=[
             tf.constant(numbers, tf.int64), tf.constant(lrs, tf.float32)])
 
-    def _apply(self, grads_list, weights):
+    def _apply(self, payloads, weights):
+        """Apply one update: the pushes' payloads (decoded gradients; sharded: their keys)."""
         lr = protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
-        apply_update(self.res.vars, self.res.version, grads_list, weights, lr,
-                     self.cfg.momentum, self.res.velocity)
+        if self.apply_staged is None:
+            apply_update(self.res.vars, self.res.version, payloads, weights, lr,
+                         self.cfg.momentum, self.res.velocity)
+        else:
+            self.apply_staged(tf.constant(payloads + self.discard, tf.int64),
+                              tf.constant(weights + [0.0] * len(self.discard), tf.float32),
+                              tf.constant(lr, tf.float32))
+            self.discard = []
+            tf.raw_ops.AssignAddVariableOp(resource=self.res.version,
+                                           value=tf.constant(1, tf.int64))
         self.version += 1
         return lr
 
@@ -164,10 +182,17 @@ class PSLoop:
             f"from the last checkpoint)")
 
     def _fault(self):
-        spec = self.cfg.faults.get("ps")
-        if spec and self.version == spec["at"]:
-            self.log.write(Kind.FAULT, what=spec["kind"], version=self.version)
-            os.kill(os.getpid(), signal.SIGKILL if spec["kind"] == "kill" else signal.SIGSTOP)
+        """Kill or stop this PS task, or another one (`ps:J`, sharded), at its version."""
+        for who, spec in self.cfg.faults.items():
+            if not str(who).startswith("ps") or self.version != spec["at"]:
+                continue
+            task = int(str(who).partition(":")[2] or 0)
+            self.log.write(Kind.FAULT, what=spec["kind"], version=self.version, ps=task)
+            pid = os.getpid() if task == 0 else self.ps_pids.get(task)
+            if pid is None:
+                raise RuntimeError(f"fault {who!r}: the PID of PS task {task} is unknown (faults "
+                                   f"on other PS tasks need a launcher: LocalCluster(ps=...))")
+            os.kill(pid, signal.SIGKILL if spec["kind"] == "kill" else signal.SIGSTOP)
 
     def _owe_tokens(self):
         if self.version >= self.cfg.steps:  # the run is over: a token now would start a step
@@ -198,8 +223,12 @@ class PSLoop:
         watcher.start()
         mode = cfg.mode
         t0 = time.time()
-        self.log.write(Kind.START, mode=mode, workers=cfg.worker_ids, version=self.version)
+        self.log.write(Kind.START, mode=mode, workers=cfg.worker_ids, version=self.version,
+                       ps=len(self.res.devices),
+                       pieces=[[p.var, p.start, p.stop, p.task] for p in self.res.pieces])
         try:
+            if self.apply_staged is not None:  # trace and place it now: no update pays for it
+                self.apply_staged(tf.zeros([0], tf.int64), tf.zeros([0]), tf.constant(0.0))
             if mode == "async":  # one for each worker's warm-up push (worker.py, _warm_up)
                 self._tickets([WARMUP_TICKET] * len(cfg.worker_ids), [0.0] * len(cfg.worker_ids))
             for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
@@ -229,6 +258,7 @@ class PSLoop:
         except BaseException as exc:
             self._finish()
             self.stop_event.set()
+            self._clear_stage()
             if self.cfg.evaluator:
                 tf.raw_ops.QueueCloseV2(handle=self.res.ckpt,
                                              cancel_pending_enqueues=True)
@@ -303,8 +333,13 @@ class PSLoop:
                 self._on_dead(worker, agg)
                 continue
             if header.kind == WARMUP:  # sent before the worker joined: first in the queue
+                if self.apply_staged is not None:
+                    self.discard.append(wire.push_key(worker, step))
                 continue
-            grads = self.comp.decode(comps[1:], self.shapes)
+            if self.apply_staged is None:  # the gradient came with the header
+                grads = self.comp.decode(comps[1:], self.shapes)
+            else:  # it waits on the PS tasks, under its key
+                grads = wire.push_key(worker, step)
             push = protocol.Push(worker, step, version_read)
             before = self.version
             if agg is None:  # SSP
@@ -320,7 +355,9 @@ class PSLoop:
                 for p in agg.dropped:
                     self.log.write(Kind.DROP, worker=p.worker, step=p.step, version=p.version,
                                    staleness=self.version - p.version)
-                    pushes.pop((p.worker, p.step))
+                    dropped = pushes.pop((p.worker, p.step))
+                    if self.apply_staged is not None:
+                        self.discard.append(dropped)
                 agg.dropped.clear()
                 if update is not None:
                     lr = self._apply([pushes.pop((p.worker, p.step)) for p in update.pushes],
@@ -358,6 +395,18 @@ class PSLoop:
         for h in [self.res.grads, self.res.tickets, self.res.applied] + self.res.tokens:
             raw.QueueCloseV2(handle=h, cancel_pending_enqueues=True)
 
+    def _clear_stage(self):
+        """Sharded: drop the pushes no update took from every PS task's stage buffer."""
+        if self.apply_staged is None:
+            return
+        for device, spec in zip(self.res.devices, self.res.task_wire):
+            try:
+                with tf.device(device):
+                    tf.raw_ops.MapClear(dtypes=[tf.as_dtype(d) for d, _ in spec],
+                                        shared_name=self.res.stage)
+            except tf.errors.OpError:
+                pass  # that PS task is gone (a fault): nothing of it to free
+
     def _wait_all(self, queue, seen: set) -> None:
         """Dequeue worker ids from a queue until every live worker is in `seen`."""
         raw = tf.raw_ops
@@ -373,6 +422,7 @@ class PSLoop:
     def _final(self, t0) -> dict:
         self._wait_all(self.res.done, self.finished)
         self.stop_event.set()
+        self._clear_stage()
         if (self.cfg.checkpoint_every or self.cfg.evaluator) and self.last_ckpt != self.version:
             self._checkpoint()
         if self.cfg.evaluator:  # -1: no more checkpoints in this run

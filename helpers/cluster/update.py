@@ -4,30 +4,82 @@ from __future__ import annotations
 
 
 def apply_update(var_handles, version_handle, grads_list, weights, lr, momentum=0.0,
-                 velocity_handles=()):
+                 velocity_handles=(), devices=None):
     """One update: SGD (or momentum) with the weighted sum of the pushed gradients.
 
     var <- var - lr * sum_j weights[j] * grads_list[j] (with momentum m: v <- m v + g,
     var <- var - lr v), then version += 1, once the variables are written. Raw ops, so the PS
     runs it eagerly (in a process serving a cluster a tf.function call cost ~1.4 ms per update,
     these ops ~0.3 ms), and an async worker inside its step function on the PS's device, where
-    `lr` is a tensor. Returns the version increment (an op, in a tf.function).
+    `lr` is a tensor. `devices`, when given, names the device of each variable (the PS task
+    holding that piece, sharded runs): its sum and write run there. Returns the version
+    increment (an op, in a tf.function).
     """
     import tensorflow as tf
 
     raw = tf.raw_ops
-    if weights == [1.0]:
-        grads = grads_list[0]
-    else:
-        grads = [tf.add_n([w * g[i] for w, g in zip(weights, grads_list)])
-                 for i in range(len(grads_list[0]))]
+    writes = []
     lr = tf.cast(lr, tf.float32)
-    if momentum:
-        m = tf.constant(momentum, tf.float32)
-        writes = [raw.ResourceApplyMomentum(var=h, accum=v, lr=lr, grad=g, momentum=m)
-                  for h, g, v in zip(var_handles, grads, velocity_handles)]
-    else:
-        writes = [raw.ResourceApplyGradientDescent(var=h, alpha=lr, delta=g)
-                  for h, g in zip(var_handles, grads)]
+    for i, h in enumerate(var_handles):
+        with tf.device(devices[i] if devices else None):
+            if weights == [1.0]:
+                g = grads_list[0][i]
+            else:
+                g = tf.add_n([w * grads[i] for w, grads in zip(weights, grads_list)])
+            writes.append(_write(h, g, lr, momentum, velocity_handles[i] if momentum else None))
     with tf.control_dependencies(writes):  # ops on other resources are not ordered otherwise
         return raw.AssignAddVariableOp(resource=version_handle, value=tf.constant(1, tf.int64))
+
+
+def _write(handle, grad, lr, momentum, velocity):
+    """var <- var - lr * grad (plain SGD), or with momentum through `velocity`."""
+    import tensorflow as tf
+
+    raw = tf.raw_ops
+    if momentum:
+        return raw.ResourceApplyMomentum(var=handle, accum=velocity, lr=lr, grad=grad,
+                                         momentum=tf.constant(momentum, tf.float32))
+    return raw.ResourceApplyGradientDescent(var=handle, alpha=lr, delta=grad)
+
+
+def staged_apply(res, comp, momentum):
+    """Sharded runs (P > 1): the function PS task 0 calls to apply one update on every task.
+
+    `fn(keys, weights, lr)` takes the pushes' keys (wire.push_key) and their weights; on each
+    PS task, in parallel, it takes those pushes' pieces out of the task's `stage` buffer,
+    decodes them, sums them with their weights and applies the sum to the task's pieces. A
+    weight of 0 only removes a push (a dropped one, or a warm-up's). It does not count the
+    update: task 0 increments `version` once the call has returned (every piece written).
+    One traced function for any number of keys (a while loop), so no update pays to trace.
+    """
+    import tensorflow as tf
+
+    raw = tf.raw_ops
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
+                                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32)])
+    def fn(keys, weights, lr):
+        writes = []
+        for task, idx in enumerate(res.task_pieces()):
+            if not idx:
+                continue
+            shapes = [res.pieces[i].shape for i in idx]
+            dtypes = [tf.as_dtype(d) for d, _ in res.task_wire[task]]
+            with tf.device(res.devices[task]):
+                def body(n, *acc, dtypes=dtypes, shapes=shapes):
+                    wire = raw.MapUnstage(key=keys[n], indices=list(range(len(dtypes))),
+                                          dtypes=dtypes, shared_name=res.stage)
+                    grads = comp.decode(wire, shapes)
+                    return (n + 1,) + tuple(a + weights[n] * tf.reshape(g, a.shape)
+                                            for a, g in zip(acc, grads))
+
+                _, *summed = tf.while_loop(
+                    lambda n, *acc: n < tf.size(keys), body,
+                    [tf.constant(0)] + [tf.zeros(s) for s in shapes])
+                for i, g in zip(idx, summed):
+                    writes.append(_write(res.vars[i], g, lr, momentum,
+                                         res.velocity[i] if momentum else None))
+        with tf.control_dependencies(writes):
+            return tf.constant(0)
+
+    return fn

@@ -5,9 +5,11 @@ Every run declares its shared resources on the parameter server with raw ops and
 handle to the same variable or queue (tf.Variable would give each process its own).
 
     resource       type                       message                      who puts / takes
-    vars[i]        float32 variable           the model's i-th weights     PS writes, workers read
-                                                                           (async: workers write)
+    vars[i]        float32 variable           the i-th piece of the        PS writes, workers read
+                   (on its piece's PS task)   model's weights (`plan`)     (async: workers write)
     velocity[i]    float32 variable           momentum of vars[i]          whoever applies
+    stage          keyed buffer (MapStage),   a push's gradient pieces     workers / PS task 0
+                   one per PS task (P > 1)    on that task, by push key
     version        int64 variable             updates applied so far       whoever applies
     stopped        int64 variable             1 once the run has ended     PS
     grads          FIFO queue                 Header + compressed grads    workers (and the PS's
@@ -17,6 +19,12 @@ handle to the same variable or queue (tf.Variable would give each process its ow
     ckpt           FIFO queue                 a checkpoint version, -1 end PS / evaluator
     tickets        FIFO queue (async)         Ticket: "apply as update t"  PS / workers
     applied        FIFO queue (async)         Applied: what a worker did   workers / PS
+
+With one PS task (P = 1) every resource is on it and a push carries its gradient in `grads`.
+With P > 1 (sharding) the parameters are split into pieces over the P tasks (`plan`); the
+queues stay on task 0, which runs the protocol. A push stages each task's gradient pieces on
+that task (`stage`, keyed by `push_key`), and only its Header goes to task 0's `grads` queue:
+gradient bytes go to the task that holds the parameters, and the decisions stay in one place.
 
 The rules that decide when the PS applies a push or grants a token are in protocol.py;
 the processes that move these messages are ps.py, worker.py and evaluator.py.
@@ -70,10 +78,87 @@ class Applied(NamedTuple):
     version: int  # the parameter version the gradient was computed on
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Rows [start, stop) along axis 0 of variable `var`, held by PS task `task`."""
+
+    var: int
+    start: int
+    stop: int
+    task: int
+    shape: tuple
+
+
+def plan(shapes, tasks: int) -> list[Piece]:
+    """Split the variables into pieces and place them on `tasks` PS tasks, balanced by size.
+
+    How many pieces a variable becomes is TensorFlow's own rule for sharded variables
+    (`MinSizePartitioner`, pieces of at least a quarter of a task's fair share, at most one
+    per task); the rows are split as TF splits them (the first pieces one row longer). The
+    pieces are then placed largest first, each on the task holding the fewest entries so far
+    (ties: the lower task). With one task every variable is one piece on task 0.
+    """
+    import math
+
+    if tasks == 1:
+        return [Piece(i, 0, s[0] if s else 1, 0, tuple(s)) for i, s in enumerate(shapes)]
+    import tensorflow as tf
+
+    total = sum(4 * math.prod(s) for s in shapes)
+    part = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=max(256, total // (4 * tasks)), max_shards=tasks)
+    pieces = []
+    for i, s in enumerate(shapes):
+        n = part(tf.TensorShape(s), tf.float32)[0] if len(s) else 1
+        q, r = divmod(s[0], n) if len(s) else (1, 0)
+        start = 0
+        for k in range(n):
+            rows = q + (k < r)
+            shape = tuple(s) if n == 1 else (rows,) + tuple(s[1:])
+            pieces.append((i, start, start + rows, shape))
+            start += rows
+    load = [0] * tasks
+    placed = {}
+    for i, a, b, shape in sorted(pieces, key=lambda p: -math.prod(p[3])):
+        task = load.index(min(load))
+        load[task] += math.prod(shape)
+        placed[(i, a)] = Piece(i, a, b, task, shape)
+    return [placed[(i, a)] for i, a, _, _ in pieces]
+
+
+def split(tensors, pieces: list[Piece]):
+    """The pieces of these whole tensors (TF ops or NumPy arrays), in plan order."""
+    counts = {}
+    for p in pieces:
+        counts[p.var] = counts.get(p.var, 0) + 1
+    return [tensors[p.var] if counts[p.var] == 1 else tensors[p.var][p.start:p.stop]
+            for p in pieces]
+
+
+def join(parts, pieces: list[Piece], concat):
+    """The whole variables from their pieces (plan order); `concat` joins a list on axis 0."""
+    by_var: dict = {}
+    for p, t in zip(pieces, parts):
+        by_var.setdefault(p.var, []).append(t)
+    return [v[0] if len(v) == 1 else concat(v) for _, v in sorted(by_var.items())]
+
+
+def by_task(pieces: list[Piece], tasks: int) -> list[list[int]]:
+    """For each PS task, the indices (in plan order) of the pieces it holds."""
+    return [[i for i, p in enumerate(pieces) if p.task == t] for t in range(tasks)]
+
+
+def push_key(worker, step):
+    """The key of a push's pieces in the `stage` buffers (step -1, the warm-up's, included)."""
+    return worker * 2 ** 32 + step + 1
+
+
 @dataclass
 class Resources:
-    """Handles of one run's shared resources (all on the PS), as every process declares them."""
+    """Handles of one run's shared resources (on the PS tasks), as every process declares them."""
 
+    pieces: list  # Piece of each of `vars`
+    devices: list  # the PS tasks' devices; queues and counters are on devices[0]
     vars: list
     velocity: list
     version: object
@@ -85,29 +170,47 @@ class Resources:
     ckpt: object
     tickets: object
     applied: object
-    wire: list  # (dtype, shape) of each tensor a push carries after the Header
+    wire: list  # (dtype, shape) of each tensor a push carries after the Header (P = 1)
+    task_wire: list  # per PS task: (dtype, shape) of the wire tensors of its pieces
+    stage: str  # shared_name of the `stage` buffers (P > 1)
+
+    @property
+    def sharded(self) -> bool:
+        return len(self.devices) > 1
+
+    def task_pieces(self) -> list[list[int]]:
+        return by_task(self.pieces, len(self.devices))
 
 
-def declare(tf, ps_device: str, cfg, shapes) -> Resources:
-    """Declare (or find) the run's shared resources on the PS; same call in every process."""
+def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
+    """Declare (or find) the run's shared resources on the PS tasks; same call in every process."""
     from helpers.training import compression
 
     raw = tf.raw_ops
     prefix = f"{cfg.run_id}/"
+    pieces = plan(shapes, len(ps_devices))
+    comp = compression.from_spec(cfg.compress)
     # a push carries the compressor's wire tensors (e.g. top-k values + indices), so only
     # those cross the network; every node declares the queue with the same spec
-    wire = compression.from_spec(cfg.compress).wire_spec(shapes)
+    task_wire = [comp.wire_spec([pieces[i].shape for i in idx])
+                 for idx in by_task(pieces, len(ps_devices))]
+    wire = task_wire[0] if len(ps_devices) == 1 else []
+    one = len(ps_devices) == 1
+
+    def var(kind, i, p):  # one piece of a variable, on its task; P = 1: the whole variable
+        name = f"{prefix}{kind}{p.var}" if one else f"{prefix}{kind}{p.var}r{p.start}"
+        with tf.device(ps_devices[p.task]):
+            return raw.VarHandleOp(dtype=tf.float32, shape=p.shape, shared_name=name)
 
     def ids(name, capacity):  # a queue of int64 scalars (worker ids, versions)
         return raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]], capacity=capacity,
                                shared_name=prefix + name)
 
-    with tf.device(ps_device):
+    vars_ = [var("w", i, p) for i, p in enumerate(pieces)]
+    velocity = [var("v", i, p) for i, p in enumerate(pieces)]
+    with tf.device(ps_devices[0]):
         return Resources(
-            vars=[raw.VarHandleOp(dtype=tf.float32, shape=s, shared_name=f"{prefix}w{i}")
-                  for i, s in enumerate(shapes)],
-            velocity=[raw.VarHandleOp(dtype=tf.float32, shape=s, shared_name=f"{prefix}v{i}")
-                      for i, s in enumerate(shapes)],
+            pieces=pieces, devices=list(ps_devices), vars=vars_, velocity=velocity,
             version=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "version"),
             stopped=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "stopped"),
             grads=raw.FIFOQueueV2(component_types=[tf.int64] + [tf.as_dtype(d) for d, _ in wire],
@@ -123,7 +226,7 @@ def declare(tf, ps_device: str, cfg, shapes) -> Resources:
                                     capacity=-1, shared_name=prefix + "tickets"),
             applied=raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[len(Applied._fields)]],
                                     capacity=-1, shared_name=prefix + "applied"),
-            wire=wire,
+            wire=wire, task_wire=task_wire, stage=prefix + "stage",
         )
 
 

@@ -20,6 +20,7 @@ from helpers.training import compression
 from helpers.cluster import protocol
 from helpers.cluster.events import Kind, StepStamps
 from helpers.cluster.update import apply_update
+from helpers.cluster import wire as wire_
 from helpers.cluster.wire import GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket, Token, pack_by_dtype, unpack
 
 
@@ -39,11 +40,13 @@ class WorkerLoop:
         self.rng = np.random.default_rng([cfg.seed, node.task])
         shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.comp = compression.from_spec(cfg.compress)
-        # what a compressed push did not send, added to the next push (error feedback)
-        self.residual = ([tf.Variable(tf.zeros(s), trainable=False) for s in shapes]
+        # what a compressed push did not send, added to the next push (error feedback); one
+        # per piece of the parameters (sharded runs compress each PS task's pieces apart)
+        self.residual = ([tf.Variable(tf.zeros(p.shape), trainable=False) for p in res.pieces]
                          if self.comp.feedback else None)
         self.bytes = compression.Float32().bytes_for(shapes)  # one pull: float32 parameters
-        self.bytes_push = self.comp.bytes_for(shapes) + 8 * len(Header._fields)  # + int64 header
+        self.bytes_push = sum(self.comp.bytes_for([res.pieces[i].shape for i in idx])
+                              for idx in res.task_pieces()) + 8 * len(Header._fields)  # + header
         self._build_step()
 
     def _build_step(self):
@@ -57,8 +60,12 @@ class WorkerLoop:
         local_lr = cfg.lr
         comp, residual = self.comp, self.residual
         here = self.acc[0].device  # this worker's CPU (acc: local tf.Variables)
-        push_shapes = [(len(Header._fields),)] + [s for _, s in res.wire]
         applies = cfg.mode == "async"  # async: apply on the PS here, not through the PS's loop
+        pieces, tasks = res.pieces, res.task_pieces()
+        header = (len(Header._fields),)
+        # per PS task: shapes of what a push sends it (task 0: the Header first)
+        push_shapes = [[header] * (t == 0) + [s for _, s in res.task_wire[t]]
+                       for t in range(len(tasks))]
 
         @tf.function
         def step(x, y, local_step, fetch: bool, push: bool, wait: bool):
@@ -78,12 +85,23 @@ class WorkerLoop:
                     # the version first: the parameters read after it hold at least its updates
                     with tf.control_dependencies(after + [granted]):
                         version = raw.ReadVariableOp(resource=res.version, dtype=tf.int64)
-                    with tf.control_dependencies([version]):
-                        params = [raw.ReadVariableOp(resource=h, dtype=tf.float32)
-                                  for h in res.vars]
-                    packed = pack_by_dtype(params + [version, token])
+                # each PS task sends its pieces, all tasks at once; task 0 adds version, token
+                packed = []
+                for t, idx in enumerate(tasks):
+                    with tf.device(res.devices[t]), tf.control_dependencies([version]):
+                        params = [raw.ReadVariableOp(resource=res.vars[i], dtype=tf.float32)
+                                  for i in idx]
+                        packed.append(pack_by_dtype(params + [version, token] * (t == 0)))
+                parts = [None] * len(pieces)
                 with tf.device(here):
-                    *values, version, token = unpack(packed, shapes + [(), (len(Token._fields),)])
+                    for t, idx in enumerate(tasks):
+                        got = unpack(packed[t], [pieces[i].shape for i in idx]
+                                     + [(), (len(Token._fields),)] * (t == 0))
+                        if t == 0:
+                            *got, version, token = got
+                        for i, value in zip(idx, got):
+                            parts[i] = value
+                    values = wire_.join(parts, pieces, lambda v: tf.concat(v, 0))
                 for var, value in zip(variables, values):
                     var.assign(value)
                 self.version_read.assign(version)
@@ -105,16 +123,43 @@ class WorkerLoop:
                                 tf.constant(GRAD, tf.int64))  # step -1: the warm-up's push
                 meta = tf.stack(Header(worker=tf.constant(task, tf.int64), step=local_step,
                                        version=self.version_read.read_value(), kind=kind))
-                # compressed on this worker: only `wire` goes to the PS
-                wire = comp.compress([a / n_push for a in self.acc], residual)
+                # compressed on this worker, each PS task's pieces apart: only those go out
+                grad_parts = wire_.split([a / n_push for a in self.acc], pieces)
                 with tf.device(here):
-                    packed = pack_by_dtype([meta] + wire)
-                with tf.device(ps):
-                    meta, *wire = unpack(packed, push_shapes)
-                    if applies:
-                        sent = self._apply_on_ps(meta, comp.decode(wire, shapes))
-                    else:
-                        sent = raw.QueueEnqueueV2(handle=res.grads, components=[meta] + wire)
+                    packed = [pack_by_dtype([meta] * (t == 0) + comp.compress(
+                        [grad_parts[i] for i in idx],
+                        [residual[i] for i in idx] if residual else None))
+                        for t, idx in enumerate(tasks)]
+                arrived_at = []  # per PS task: what it received
+                for t, idx in enumerate(tasks):
+                    with tf.device(res.devices[t]):
+                        arrived_at.append(unpack(packed[t], push_shapes[t]))
+                meta, arrived_at[0] = arrived_at[0][0], arrived_at[0][1:]
+                if applies:  # each task decodes and applies its own pieces
+                    grads = [None] * len(pieces)
+                    for t, idx in enumerate(tasks):
+                        with tf.device(res.devices[t]):
+                            decoded = comp.decode(arrived_at[t], [pieces[i].shape for i in idx])
+                        for i, g in zip(idx, decoded):
+                            grads[i] = g
+                    with tf.device(ps):
+                        sent = self._apply_on_ps(meta, grads)
+                elif not res.sharded:
+                    with tf.device(ps):
+                        sent = raw.QueueEnqueueV2(handle=res.grads,
+                                                  components=[meta] + arrived_at[0])
+                else:  # each task keeps its pieces under the push's key; the header to task 0
+                    key = wire_.push_key(tf.constant(task, tf.int64), local_step)
+                    staged = []
+                    for t, idx in enumerate(tasks):
+                        if idx:
+                            with tf.device(res.devices[t]):
+                                staged.append(raw.MapStage(
+                                    key=key, indices=list(range(len(arrived_at[t]))),
+                                    values=arrived_at[t], shared_name=res.stage,
+                                    dtypes=[tf.as_dtype(d) for d, _ in res.task_wire[t]]))
+                    with tf.device(ps), tf.control_dependencies(staged):
+                        sent = raw.QueueEnqueueV2(handle=res.grads, components=[meta])
                 with tf.control_dependencies([sent, computed]):
                     pushed = tf.timestamp()  # the PS holds the push (async: has applied it)
                 for a in self.acc:
@@ -134,9 +179,10 @@ class WorkerLoop:
                                            component_types=[tf.int64, tf.float32]))
 
         def apply():
-            with tf.device(ps):
+            with tf.device(ps):  # each piece's sum and write on its own PS task
                 bumped = apply_update(res.vars, res.version, [grads], [1.0], t.lr,
-                                      cfg.momentum, res.velocity)
+                                      cfg.momentum, res.velocity,
+                                      [res.devices[p.task] for p in res.pieces])
                 h = Header(*tf.unstack(meta))
                 with tf.control_dependencies([bumped]):
                     reported = raw.QueueEnqueueV2(handle=res.applied, components=[
