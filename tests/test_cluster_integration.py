@@ -171,9 +171,9 @@ def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster, tmp_p
     # sync is deterministic: sharded or not, the same updates give the same parameters
     with np.load(run.dir / "ckpt" / f"ckpt-{STEPS:07d}.npz") as f:
         SYNC_FINAL[cluster.ps] = [f[k] for k in sorted(f.files)]
-    if len(SYNC_FINAL) == 2:
-        for one, two in zip(SYNC_FINAL[1], SYNC_FINAL[2]):
-            np.testing.assert_allclose(one, two, rtol=0, atol=1e-6)
+    first = next(iter(SYNC_FINAL.values()))  # the first cluster's run, in this session
+    for one, two in zip(first, SYNC_FINAL[cluster.ps]):
+        np.testing.assert_allclose(one, two, rtol=0, atol=1e-6)
     up = updates(run)
     assert len(up) == STEPS
     for _, row in up.iterrows():
@@ -298,6 +298,18 @@ def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster, caps
     with pytest.raises(ValueError, match="progress must be True, False, 'widget' or 'text', "
                                          "got 'yes'"):
         cluster.train(mode="sync", **THREE, **dict(COMMON, progress="yes"))
+
+
+def test_the_invariants_hold_with_three_ps_tasks(shared_data, tmp_path):
+    """P = 3: logistic regression's weights in three pieces, its bias beside one of them; the
+    same checks of the event logs, and sync's parameters as with one PS task."""
+    with LocalCluster(workers=4, isolate="auto", ps=3) as c:
+        assert {p.task for p in wire.plan([(784, 10), (10,)], 3)} == {0, 1, 2}
+        test_async_workers_apply_under_numbered_tickets_with_schedule_momentum_and_checkpoints(c)
+        test_sync_averages_exactly_n_gradients_of_the_current_version(c, tmp_path)
+        test_ssp_gap_never_exceeds_staleness(c, tmp_path)
+        test_backup_fold_uses_k_fresh_and_decaying_stale_weights(c, tmp_path)
+        test_backup_drop_discards_late_gradients(c, tmp_path)
 
 
 def test_isolated_cluster_listens_on_no_host_port(cluster):
@@ -537,8 +549,10 @@ def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
     assert '"timeout"' in events and '"joined"' not in events
 
 
-def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_data):
-    """Two network namespaces stand in for two machines; the nodes run standalone."""
+@pytest.mark.parametrize("ps", [1, 2], ids=["ps1", "ps2"])
+def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_data, ps):
+    """Two network namespaces stand in for two machines; the nodes run standalone. With two
+    PS tasks the second is on the worker's host: it serves until task 0 has ended the run."""
     reason = netns.unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -566,22 +580,23 @@ def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_d
         subprocess.run(enter(host_b.pid) + ["sh", "-c", "ip addr add 10.9.0.2/24 dev vb && "
                        "ip link set vb up"], check=True, timeout=30)
         (tmp_path / "cluster.json").write_text(json.dumps(
-            {"ps": ["10.9.0.1:2222"], "worker": ["10.9.0.2:2222"]}))
+            {"ps": ["10.9.0.1:2222", "10.9.0.2:2223"][:ps], "worker": ["10.9.0.2:2222"]}))
         cfg = protocol.validate(protocol.RunConfig(workers=1, mode="sync", steps=60, lr=0.5,
                                                    run_id="veth", train_size=3000))
         (tmp_path / "run.json").write_text(json.dumps(cfg.to_dict()))
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         nodes = []
-        for host, job in ((host_a, "ps"), (host_b, "worker")):
-            log = open(tmp_path / f"{job}.log", "wb")
+        roles = [(host_a, "ps", 0), (host_b, "worker", 0)] + [(host_b, "ps", 1)] * (ps == 2)
+        for host, job, task in roles:
+            log = open(tmp_path / f"{job}{task}.log", "wb")
             nodes.append(spawn(enter(host.pid) + [
                 sys.executable, "-m", "helpers.cluster.node", "--cluster",
-                str(tmp_path / "cluster.json"), "--job", job, "--task", "0",
+                str(tmp_path / "cluster.json"), "--job", job, "--task", str(task),
                 "--run", str(tmp_path / "run.json")], stdout=subprocess.PIPE, stderr=log, env=env))
             log.close()
         outputs = [n.communicate(timeout=150)[0] for n in nodes]
-        tails = [log_tail(tmp_path / f"{j}.log") for j in ("ps", "worker")]
-        assert [n.returncode for n in nodes] == [0, 0], tails
+        tails = [log_tail(tmp_path / f"{j}{t}.log") for _, j, t in roles]
+        assert [n.returncode for n in nodes] == [0] * len(roles), tails
         assert json.loads(outputs[0].splitlines()[-1])["test_accuracy"] > MIN_ACCURACY
         assert json.loads(outputs[1].splitlines()[-1])["steps"] >= 60
         from helpers.cluster.events import read_events

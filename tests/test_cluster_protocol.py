@@ -176,6 +176,9 @@ def test_lr_schedules_match_keras():
     (dict(workers=2, stragglers={5: 2.0}), "straggler worker 5"),
     (dict(workers=2, stragglers={1: 0.5}), "slowdown factor must be >= 1"),
     (dict(workers=2, faults={"ps": {"kind": "explode", "at": 3}}), "a fault is"),
+    (dict(workers=2, faults={"ps:x": {"kind": "kill", "at": 3}}),
+     "faults are keyed by 'ps' (PS task 0), 'ps:J' (PS task J of a sharded cluster) or a "
+     "worker in [0, 1], got 'ps:x'"),
     (dict(workers=2, data="imagenet"), "data must be 'mnist'"),
     (dict(workers=4, batch_size=64, train_size=100), "raise train_size"),
     (dict(workers=2, resume=True), "resume=True needs the run_id"),
@@ -221,3 +224,50 @@ def test_wire_header_and_token_are_the_queue_shapes():
     assert wire.Header(worker=1, step=2, version=3, kind=wire.GRAD) == (1, 2, 3, wire.GRAD)
     assert len(wire.Header._fields) == 4 and len(wire.Token._fields) == 2
     assert wire.GRAD != wire.DEAD
+
+
+# ------------------------------------------------------------------------- sharding plan
+LENET = [(5, 5, 1, 6), (6,), (5, 5, 6, 16), (16,), (784, 120), (120,), (120, 84), (84,),
+         (84, 10), (10,)]
+
+
+@pytest.mark.parametrize("shapes", [[(784, 10), (10,)], LENET, [(784, 1024), (1024,),
+                                                                 (1024, 1024), (1024,)]])
+@pytest.mark.parametrize("tasks", [1, 2, 3])
+def test_plan_covers_every_row_once_and_balances_the_tasks(shapes, tasks):
+    import math
+
+    import numpy as np
+
+    from helpers.cluster import wire
+
+    pieces = wire.plan(shapes, tasks)
+    assert pieces == wire.plan(shapes, tasks)  # every process computes the same plan
+    for i, shape in enumerate(shapes):  # the pieces of a variable tile its rows in order
+        mine = [p for p in pieces if p.var == i]
+        assert [p.start for p in mine] == [0] + [p.stop for p in mine[:-1]]
+        assert mine[-1].stop == shape[0] and all(p.shape[1:] == shape[1:] for p in mine)
+        assert len(mine) <= tasks and len({p.task for p in mine}) == len(mine)
+    load = [sum(math.prod(p.shape) for p in pieces if p.task == t) for t in range(tasks)]
+    total = sum(math.prod(s) for s in shapes)
+    assert sum(load) == total
+    if tasks == 1:
+        assert [p.shape for p in pieces] == [tuple(s) for s in shapes]
+    else:  # no task holds more than its fair share by more than the largest unsplit piece
+        biggest = max(math.prod(p.shape) for p in pieces)
+        assert max(load) <= total / tasks + biggest, load
+    # split and join are inverses, for NumPy arrays as for tensors
+    arrays = [np.arange(math.prod(s), dtype="float32").reshape(s) for s in shapes]
+    parts = wire.split(arrays, pieces)
+    assert [p.shape for p in parts] == [p.shape for p in pieces]
+    for a, b in zip(wire.join(parts, pieces, np.concatenate), arrays):
+        np.testing.assert_array_equal(a, b)
+    tasks_of = wire.by_task(pieces, tasks)
+    assert sorted(i for idx in tasks_of for i in idx) == list(range(len(pieces)))
+
+
+def test_push_keys_are_distinct_per_worker_and_step():
+    from helpers.cluster import wire
+
+    keys = {wire.push_key(w, s) for w in range(8) for s in range(-1, 2000)}
+    assert len(keys) == 8 * 2001 and min(keys) == 0

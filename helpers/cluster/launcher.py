@@ -314,6 +314,7 @@ class LocalCluster:
         run = Run(cfg, run_dir, watch.results, wall, resources, died)
         if lo_before is not None and lo_after is not None:
             run.loopback_bytes = lo_after - lo_before
+        run.cpu_samples = {names.get(pid, pid): v for pid, v in monitor.cpu_times.items()}
         return run
 
     def _route(self, cfg, watch: _Watch, name: str | None, msg: dict) -> None:

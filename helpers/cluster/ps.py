@@ -20,7 +20,7 @@ from helpers import files
 from helpers.cluster import protocol
 from helpers.cluster.events import Kind
 from helpers.cluster import wire
-from helpers.cluster.update import apply_update, staged_apply
+from helpers.cluster.update import apply_update, staged_apply, warm_staged
 from helpers.cluster.wire import DEAD, WARMUP, WARMUP_TICKET, Applied, Header, Token
 from helpers.training import compression, models
 
@@ -227,8 +227,8 @@ class PSLoop:
                        ps=len(self.res.devices),
                        pieces=[[p.var, p.start, p.stop, p.task] for p in self.res.pieces])
         try:
-            if self.apply_staged is not None:  # trace and place it now: no update pays for it
-                self.apply_staged(tf.zeros([0], tf.int64), tf.zeros([0]), tf.constant(0.0))
+            if self.apply_staged is not None and mode != "async":
+                self._warm_staged()
             if mode == "async":  # one for each worker's warm-up push (worker.py, _warm_up)
                 self._tickets([WARMUP_TICKET] * len(cfg.worker_ids), [0.0] * len(cfg.worker_ids))
             for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
@@ -333,8 +333,9 @@ class PSLoop:
                 self._on_dead(worker, agg)
                 continue
             if header.kind == WARMUP:  # sent before the worker joined: first in the queue
-                if self.apply_staged is not None:
-                    self.discard.append(wire.push_key(worker, step))
+                if self.apply_staged is not None:  # remove its pieces (learning rate 0)
+                    self.apply_staged(tf.constant([wire.push_key(worker, step)], tf.int64),
+                                      tf.zeros([1]), tf.constant(0.0))
                 continue
             if self.apply_staged is None:  # the gradient came with the header
                 grads = self.comp.decode(comps[1:], self.shapes)
@@ -394,6 +395,14 @@ class PSLoop:
         raw.AssignVariableOp(resource=self.res.stopped, value=tf.constant(1, tf.int64))
         for h in [self.res.grads, self.res.tickets, self.res.applied] + self.res.tokens:
             raw.QueueCloseV2(handle=h, cancel_pending_enqueues=True)
+
+    def _warm_staged(self):
+        """Sharded: trace the update function now for every number of pushes an update can
+        take in this mode (1 for a warm-up's removal), so that no update pays for it."""
+        n, k = self.cfg.workers, self.cfg.k
+        counts = range(k, n + 1) if self.cfg.mode == "backup" else [n if self.cfg.mode == "sync"
+                                                                     else 1]
+        warm_staged(self.apply_staged, self.res, [1, *counts])
 
     def _clear_stage(self):
         """Sharded: drop the pushes no update took from every PS task's stage buffer."""

@@ -13,6 +13,7 @@ class Run:
         self.config, self.dir, self.results = cfg, Path(run_dir), results
         self.wall_s, self.resources, self.dead_workers = wall_s, resources, dead_workers
         self.loopback_bytes = None  # all traffic of the run, when the cluster is isolated
+        self.cpu_samples: dict = {}  # process name -> [(wall time, CPU seconds so far)]
         self._events = None
 
     @property
@@ -26,6 +27,21 @@ class Run:
     def test_accuracy(self) -> float:
         """Test accuracy of the final parameters, computed by the PS."""
         return float(self.results["ps:0"]["test_accuracy"])
+
+    def training_window(self) -> tuple[float, float]:
+        """Wall-clock start and end of training: from the workers' joining (after the
+        warm-up, which traces the step functions) to the last update."""
+        ev = self.events
+        return (float(ev[ev.kind == Kind.JOINED].t.max()),
+                float(ev[ev.kind == Kind.UPDATE].t.max()))
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each process used while the run trained (`training_window`)."""
+        from helpers.system.resources import cpu_seconds_between
+
+        start, end = self.training_window()
+        return {name: cpu_seconds_between(samples, start, end)
+                for name, samples in self.cpu_samples.items()}
 
     def timeline(self, start: float | str = 0.0, seconds: float | None = None, ax=None,
                  title: str | None = None):

@@ -50,14 +50,14 @@ def staged_apply(res, comp, momentum):
     decodes them, sums them with their weights and applies the sum to the task's pieces. A
     weight of 0 only removes a push (a dropped one, or a warm-up's). It does not count the
     update: task 0 increments `version` once the call has returned (every piece written).
-    One traced function for any number of keys (a while loop), so no update pays to trace.
+    The loop over keys is unrolled, so each number of keys is traced once (`warm_staged`
+    does it before the run): a tf.while_loop cost 4.3 ms a call on 2 tasks, this 2.0 ms.
     """
     import tensorflow as tf
 
     raw = tf.raw_ops
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
-                                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32)])
+    @tf.function
     def fn(keys, weights, lr):
         writes = []
         for task, idx in enumerate(res.task_pieces()):
@@ -66,16 +66,13 @@ def staged_apply(res, comp, momentum):
             shapes = [res.pieces[i].shape for i in idx]
             dtypes = [tf.as_dtype(d) for d, _ in res.task_wire[task]]
             with tf.device(res.devices[task]):
-                def body(n, *acc, dtypes=dtypes, shapes=shapes):
+                summed = [tf.zeros(s) for s in shapes]
+                for n in range(keys.shape[0]):
                     wire = raw.MapUnstage(key=keys[n], indices=list(range(len(dtypes))),
                                           dtypes=dtypes, shared_name=res.stage)
                     grads = comp.decode(wire, shapes)
-                    return (n + 1,) + tuple(a + weights[n] * tf.reshape(g, a.shape)
-                                            for a, g in zip(acc, grads))
-
-                _, *summed = tf.while_loop(
-                    lambda n, *acc: n < tf.size(keys), body,
-                    [tf.constant(0)] + [tf.zeros(s) for s in shapes])
+                    summed = [a + weights[n] * tf.reshape(g, a.shape)
+                              for a, g in zip(summed, grads)]
                 for i, g in zip(idx, summed):
                     writes.append(_write(res.vars[i], g, lr, momentum,
                                          res.velocity[i] if momentum else None))
@@ -83,3 +80,23 @@ def staged_apply(res, comp, momentum):
             return tf.constant(0)
 
     return fn
+
+
+def warm_staged(fn, res, counts) -> None:
+    """Trace and run `fn` (staged_apply's) once for each number of keys in `counts`, on
+    zero pushes staged under negative keys (no worker's), with weight 0 and learning rate 0:
+    the parameters do not change, and no update of the run pays for tracing."""
+    import tensorflow as tf
+
+    raw = tf.raw_ops
+    for n in sorted(set(counts)):
+        keys = tf.constant([-1 - i for i in range(n)], tf.int64)
+        for task, spec in enumerate(res.task_wire):
+            if not spec:
+                continue
+            with tf.device(res.devices[task]):
+                for key in keys:
+                    raw.MapStage(key=key, indices=list(range(len(spec))),
+                                 values=[tf.zeros(s, d) for d, s in spec],
+                                 dtypes=[tf.as_dtype(d) for d, _ in spec], shared_name=res.stage)
+        fn(keys, tf.zeros([n]), tf.constant(0.0))

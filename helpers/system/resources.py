@@ -35,6 +35,8 @@ class ResourceMonitor:
         self._last_full = float("-inf")
         self.samples: dict[int, list[tuple[float, float, int]]] = {}
         self.full: dict[int, list[tuple[int, int]]] = {}  # pid -> [(pss, uss)]
+        # pid -> [(wall-clock time, CPU seconds used so far)]: CPU time between two moments
+        self.cpu_times: dict[int, list[tuple[float, float]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._procs: dict[int, psutil.Process] = {}
@@ -63,12 +65,15 @@ class ResourceMonitor:
                 with proc.oneshot():
                     cpu = proc.cpu_percent(None)  # since the previous call on this object
                     rss = proc.memory_info().rss
+                    times = proc.cpu_times()
                 if full:
                     mem = proc.memory_full_info()
                     self.full.setdefault(proc.pid, []).append((mem.pss, mem.uss))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             self.samples.setdefault(proc.pid, []).append((now, cpu, rss))
+            self.cpu_times.setdefault(proc.pid, []).append((time.time(),
+                                                             times.user + times.system))
 
     def _run(self):
         while not self._stop.wait(self.interval):
@@ -101,6 +106,19 @@ class ResourceMonitor:
                 out[pid]["peak_pss_mb"] = max(p for p, _ in self.full[pid]) / 2**20
                 out[pid]["peak_uss_mb"] = max(u for _, u in self.full[pid]) / 2**20
         return out
+
+
+def cpu_seconds_between(samples, start: float, end: float) -> float:
+    """CPU seconds a process used between two wall-clock times, from ResourceMonitor's
+    `cpu_times` samples of it (linear between samples; NaN outside what was sampled)."""
+    import numpy as np
+
+    if len(samples) < 2:
+        return float("nan")
+    t, cpu = np.array(samples).T
+    if start < t[0] or end > t[-1]:
+        return float("nan")
+    return float(np.interp(end, t, cpu) - np.interp(start, t, cpu))
 
 
 def peak_memory_mb(fn) -> tuple[object, float]:

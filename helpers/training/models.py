@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-MODELS = ("logreg", "lenet")  # what build() makes; the cluster and TF strategies take these
+MODELS = ("logreg", "lenet", "mlp")  # what build() makes; the cluster and TF strategies take these
+MLP_WIDTH = 1024  # "mlp": two hidden layers this wide (1.86 M parameters on MNIST, 7.5 MB)
 
 
 def build(name: str, input_shape: tuple, classes: int, seed: int):
@@ -29,6 +30,13 @@ def build(name: str, input_shape: tuple, classes: int, seed: int):
             keras.layers.Flatten(),
             keras.layers.Dense(120, activation="relu"),
             keras.layers.Dense(84, activation="relu"),
+            keras.layers.Dense(classes),
+        ])
+    elif name == "mlp":  # wide and shallow: many bytes to move for little compute per byte
+        model = keras.Sequential([
+            keras.Input(input_shape), keras.layers.Flatten(),
+            keras.layers.Dense(MLP_WIDTH, activation="relu"),
+            keras.layers.Dense(MLP_WIDTH, activation="relu"),
             keras.layers.Dense(classes),
         ])
     else:
