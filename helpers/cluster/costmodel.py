@@ -8,12 +8,14 @@ Measured in a run of async training (every worker step is one pull and one push)
 - the wall time of a step's pull, compute and push, from the workers' step stamps.
 
 The model (`CostModel`) states its assumptions: every process has a core and a full-duplex
-network link of its own, as on real machines. A message of b bytes takes alpha + b / beta
-seconds; a worker's step takes compute + pull + push of the whole model, whatever the number
-of PS tasks (the worker receives and sends every byte); a PS task is busy, per worker step,
-for a fixed part (task 0 only: the protocol's loop and its messages) plus gamma seconds per
-byte it carries. The workers then make N / step_s steps per second, and the busiest PS task
-can serve 1 / its busy time: the throughput is the smaller of the two.
+network link of its own, as on real machines. A message of b bytes costs alpha + b / beta
+seconds. A worker's step is compute + pull + push; it talks to every PS task, so with P tasks
+it pays alpha P times each way, and b / beta for the whole model whatever P is (the worker
+receives and sends every byte). A PS task is busy, per worker step, for phi + gamma * (the
+bytes it carries), plus delta when the parameters are split (each task then also takes part
+in coordinating every step with the others); none of it depends on the number of workers.
+The workers then make N / step_s steps per second, and the busiest PS task can serve 1 / its
+busy time: the throughput is the smaller of the two.
 
 This is our own code: the lesson is the model, and no library fits it for us (NumPy's least
 squares does the fitting).
@@ -77,46 +79,53 @@ def run_row(run, shapes) -> dict:
     return row
 
 
+def _line(points) -> tuple[float, float]:
+    """Least-squares slope and intercept (intercept >= 0) of [(x, y)] points."""
+    (slope, icept), *_ = np.linalg.lstsq(np.c_[[x for x, _ in points], np.ones(len(points))],
+                                         [y for _, y in points], rcond=None)
+    return float(slope), float(max(icept, 0.0))
+
+
 @dataclass
 class CostModel:
-    """alpha + bytes / beta per message; PS task busy time fixed (task 0) + gamma * bytes."""
+    """alpha + bytes / beta per message; a PS task busy phi + gamma * bytes (+ delta when
+    sharded) per worker step."""
 
     alpha_s: float  # seconds per message
     beta: float  # bytes per second
     compute_s: float  # a worker's gradient, seconds
-    ps0_fixed_s: float  # PS task 0 per worker step: its loop and messages
-    gamma_s: float  # PS task CPU seconds per byte carried
+    phi_s: float  # a PS task's busy seconds per worker step, apart from the bytes
+    gamma_s: float  # a PS task's busy seconds per byte it carries
+    delta_s: float = 0.0  # what a task of a sharded PS adds per worker step
 
     @classmethod
-    def fit(cls, messages, ps0, compute_s) -> "CostModel":
-        """Least squares: `messages` [(bytes, seconds)] of pulls and pushes; `ps0` [(bytes
-        carried per step, CPU seconds per step)] of one-task runs; compute seconds of a step."""
-        (beta_inv, alpha), *_ = np.linalg.lstsq(
-            np.c_[[b for b, _ in messages], np.ones(len(messages))],
-            [s for _, s in messages], rcond=None)
-        (gamma, fixed), *_ = np.linalg.lstsq(
-            np.c_[[b for b, _ in ps0], np.ones(len(ps0))], [s for _, s in ps0], rcond=None)
+    def fit(cls, messages, one_task, compute_s, sharded=()) -> "CostModel":
+        """Least squares. `messages`: [(bytes, seconds)] of pulls and pushes with one PS task;
+        `one_task`: [(bytes the PS carries per worker step, its CPU seconds per step)] of
+        one-task runs; `sharded`: the same for the tasks of sharded runs (gives delta)."""
+        beta_inv, alpha = _line(messages)
+        gamma, phi = _line(one_task)
         if beta_inv <= 0 or gamma <= 0:
             raise ValueError(f"the fit found no cost per byte (1/beta={beta_inv:.3g} s/B, "
                              f"gamma={gamma:.3g} s/B): measure models of more different sizes")
-        return cls(float(max(alpha, 0.0)), float(1 / beta_inv), float(compute_s),
-                   float(max(fixed, 0.0)), float(gamma))
+        delta = (float(np.mean([s - phi - gamma * b for b, s in sharded])) if len(sharded)
+                 else 0.0)
+        return cls(alpha, 1 / beta_inv, float(compute_s), phi, gamma, delta)
 
-    def message_s(self, nbytes: float) -> float:
-        return self.alpha_s + nbytes / self.beta
-
-    def step_s(self, model_bytes: float) -> float:
-        """A worker's step: pull the whole model, compute, push the whole gradient."""
-        return self.compute_s + 2 * self.message_s(model_bytes)
+    def step_s(self, model_bytes: float, tasks: int = 1) -> float:
+        """A worker's step: pull the model from every task, compute, push the gradient."""
+        return self.compute_s + 2 * (tasks * self.alpha_s + model_bytes / self.beta)
 
     def ps_busy_s(self, carried: list[float]) -> list[float]:
         """Each PS task's busy seconds per worker step, given the bytes it carries per step."""
-        return [self.ps0_fixed_s * (t == 0) + self.gamma_s * b for t, b in enumerate(carried)]
+        extra = self.delta_s if len(carried) > 1 else 0.0
+        return [self.phi_s + self.gamma_s * b + extra for b in carried]
 
     def throughput(self, workers: int, model_bytes: float, carried: list[float]) -> float:
         """Worker steps per second: the workers' pace or the busiest PS task's, the smaller."""
-        return min(workers / self.step_s(model_bytes), 1 / max(self.ps_busy_s(carried)))
+        return min(workers / self.step_s(model_bytes, len(carried)),
+                   1 / max(self.ps_busy_s(carried)))
 
     def saturation(self, model_bytes: float, carried: list[float]) -> float:
         """The number of workers at which the busiest PS task is busy all the time."""
-        return self.step_s(model_bytes) / max(self.ps_busy_s(carried))
+        return self.step_s(model_bytes, len(carried)) / max(self.ps_busy_s(carried))
