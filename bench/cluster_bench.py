@@ -9,7 +9,10 @@ hand-made call, step_profile.py) REPEATS times and keep the medians. Each repeat
 call against one process's step in alternating blocks, in one process: the ceiling of the
 async_1w ratios for any step that never computes on parameters older than the last update
 ("staleness_free_step_ceiling", the median over the repeats).
-Usage: python -m bench.cluster_bench [--quick]
+The sharded rows ("sharded" in the JSON) alternate, REPEATS times, async training on 2 workers
+with the parameters on 1 PS task and on 2, for the engine and for TF's ParameterServerStrategy
+(2 PS: FixedShardsPartitioner), on logistic regression, LeNet and the wide MLP.
+Usage: python -m bench.cluster_bench [--quick] [--sharded-only]
 """
 from __future__ import annotations
 
@@ -38,9 +41,9 @@ TTT_TARGETS = (0.80, 0.82, 0.85, 0.87, 0.88)  # every crossing is also recorded,
 TTT_SETUP = dict(train_size=60_000, test_size=10_000, lr=0.2, steps=150)
 REPEATS = 3
 TTT_REPEATS = 5  # time-to-target runs per mode: the crossing varies run to run
-def tf_pss(model_name: str, steps: int, rows_file, workers: int = 2):
-    """TF's ParameterServerStrategy + ClusterCoordinator (async, 1 PS), the peer: its steps/s
-    and its tasks' memory ({task: usage}).
+def tf_pss(model_name: str, steps: int, rows_file, workers: int = 2, ps: int = 1):
+    """TF's ParameterServerStrategy + ClusterCoordinator (async; `ps` PS tasks, the variables
+    sharded over them when more than one), the peer: its steps/s and its tasks' memory.
 
     Same model, batch, learning rate and training examples as the engine; its own processes
     (a chief, the workers, the PS), started before and ended after the timed steps.
@@ -48,7 +51,7 @@ def tf_pss(model_name: str, steps: int, rows_file, workers: int = 2):
     job = {"kind": "ps", "model": model_name, "batch_size": BATCH, "lr": LR[model_name],
            "steps": steps, "train_size": TRAIN_SIZE, "test_size": 100, "seed": 0,
            "data_file": str(rows_file)}
-    launch = tfconfig.run({"chief": 1, "worker": workers, "ps": 1}, job,
+    launch = tfconfig.run({"chief": 1, "worker": workers, "ps": ps}, job,
                           servers=("worker", "ps"), timeout=900)
     return launch.results["chief:0"]["steps_per_s"], launch.resources
 
@@ -107,6 +110,43 @@ def side_by_side(n_steps: dict, common: dict, calls: int) -> tuple[dict, dict, l
     return runs, memory, costs
 
 
+def sharded(n_steps: dict, common: dict) -> dict:
+    """Async on 2 workers, parameters on 1 and on 2 PS tasks, the engine and TF's
+    ParameterServerStrategy, alternating REPEATS times: {figure: [steps/s per repeat]}."""
+    rows_file = strategies.write_mnist_rows(config.runs_dir("bench") / "mnist_rows.u8",
+                                            TRAIN_SIZE, seed=0)
+    runs: dict[str, list] = {}
+    with LocalCluster(workers=2, isolate="auto") as one, \
+            LocalCluster(workers=2, isolate="auto", ps=2) as two:
+        for _ in range(REPEATS):
+            for model, steps in n_steps.items():
+                for p, c in ((1, one), (2, two)):
+                    s = c.train(mode="async", workers=2, model=model, steps=steps,
+                                lr=LR[model], **common).summary()
+                    runs.setdefault(f"engine_{p}ps_async_2w_{model}", []).append(s["steps_per_s"])
+                    rate, _ = tf_pss(model, steps, rows_file, ps=p)
+                    runs.setdefault(f"tf_pss_{p}ps_async_2w_{model}", []).append(rate)
+    return runs
+
+
+def print_sharded(runs: dict) -> dict:
+    """Print the sharded rows as a table; return their medians and ratios."""
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    models = sorted({k.rsplit("_", 1)[1] for k in runs}, key=list(LR).index)
+    print(f"\n| async, 2 workers: steps/s (median of {REPEATS}) | engine 1 PS | engine 2 PS "
+          "| 2 / 1 | TF PSS 1 PS | TF PSS 2 PS | 2 / 1 | engine / TF, 2 PS |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ratios = {}
+    for m in models:
+        e1, e2 = med[f"engine_1ps_async_2w_{m}"], med[f"engine_2ps_async_2w_{m}"]
+        t1, t2 = med[f"tf_pss_1ps_async_2w_{m}"], med[f"tf_pss_2ps_async_2w_{m}"]
+        ratios[m] = {"engine_2ps_vs_1ps": e2 / e1, "tf_pss_2ps_vs_1ps": t2 / t1,
+                     "engine_vs_tf_pss_2ps": e2 / t2}
+        print(f"| {m} | {e1:.0f} | {e2:.0f} | {e2 / e1:.2f} | {t1:.0f} | {t2:.0f} | "
+              f"{t2 / t1:.2f} | {e2 / t2:.2f} |")
+    return {"runs": runs, "median": med, "ratios": ratios}
+
+
 def time_to_target(repeats: int) -> dict:
     """Time to TARGET_ACCURACY of backup 2-of-3 and sync, worker 2 three times slower.
 
@@ -157,9 +197,18 @@ def time_to_target(repeats: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    p.add_argument("--sharded-only", action="store_true",
+                   help="only the sharded rows (1 and 2 PS tasks), written to sharded_bench.json")
     args = p.parse_args()
     n_log, n_lenet = (150, 40) if args.quick else (600, 150)
     common = dict(batch_size=BATCH, train_size=TRAIN_SIZE, test_size=2000, progress=False, seed=0)
+    shard_steps = {"logreg": n_log, "lenet": n_lenet, "mlp": n_lenet}
+    if args.sharded_only:
+        out = {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg(),
+               "sharded": print_sharded(sharded(shard_steps, common)),
+               "load_average_end": os.getloadavg()}
+        print(f"wrote {files.write_json(config.runs_dir('bench') / 'sharded_bench.json', out, indent=1)}")
+        return
     rows, out = [], {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg()}
     side, memory, costs = side_by_side({"logreg": n_log, "lenet": n_lenet}, common,
                                        100 if args.quick else 300)
@@ -199,6 +248,7 @@ def main() -> None:
                 "loopback_bytes_per_step": (s["loopback_bytes"] or float("nan"))
                 / max(1, s["worker_steps"]),
                 "test_accuracy": s["test_accuracy"]}
+    out["sharded"] = sharded(shard_steps, common)
     out.update(time_to_target(TTT_REPEATS if not args.quick else 3))
     times, updates = out["time_to_target_runs_s"], out["time_to_target_updates"]
     tt, per_update = out["time_to_target_s"], out["time_to_target_s_per_update"]
@@ -290,6 +340,7 @@ def main() -> None:
         print(f"| {float(target):.0%} | {m['sync']:.2f} | {m['backup']:.2f} | "
               f"{m['backup_fold']:.2f} | {row['backup_vs_sync']:.2f} | "
               f"{row['backup_fold_vs_sync']:.2f} |")
+    out["sharded"] = print_sharded(out["sharded"])
     print(f"load average (1, 5, 15 min) at start {out['load_average_start']}, "
           f"at end {out['load_average_end']} on {os.cpu_count()} cores")
     path = files.write_json(config.runs_dir("bench") / "cluster_bench.json", out, indent=1,

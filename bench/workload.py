@@ -5,7 +5,7 @@ from __future__ import annotations
 from helpers.training import baseline_sgd
 
 TRAIN_SIZE, BATCH = 6000, 64
-LR = {"logreg": 0.5, "lenet": 0.05}
+LR = {"logreg": 0.5, "lenet": 0.05, "mlp": 0.05}
 
 
 def one_process(model_name: str, steps: int) -> float:

@@ -106,6 +106,24 @@ def test_two_mwms_workers_stay_identical_and_learn(shared_data, monkeypatch):
     assert phases["train_s"] == results["worker:0"]["train_s"] and phases["other_s"] >= 0
 
 
+def test_parameter_server_strategy_shards_variables_over_two_ps(shared_data, monkeypatch,
+                                                                 tmp_path):
+    """TF's ParameterServerStrategy with 2 PS tasks and a FixedShardsPartitioner: every
+    variable in two shards, one per PS, trained by the coordinator's scheduled steps."""
+    monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    rows = strategies.write_mnist_rows(tmp_path / "rows.u8", 3000, seed=0)
+    job = {"kind": "ps", "model": "logreg", "batch_size": 64, "lr": 0.2, "steps": 150,
+           "train_size": 3000, "test_size": 500, "seed": 0, "data_file": str(rows)}
+    launch = tfconfig.run({"chief": 1, "worker": 2, "ps": 2}, job, servers=("worker", "ps"),
+                          timeout=300)
+    result = launch.results["chief:0"]
+    assert result["ps"] == 2 and result["shards"] == [2, 2]  # weights and bias, halved
+    assert result["loss_last"] < result["loss_first"] and result["test_accuracy"] > 0.75
+    assert set(launch.resources) >= {"ps:0", "ps:1", "worker:0", "worker:1"}
+    assert set(launch.timeline) >= {"ps:0", "ps:1"}
+    assert all(row["gone"] for row in launch.timeline.values())  # every task ended
+
+
 def test_batch_must_split_evenly_over_the_workers():
     job = {"kind": "mwms", "model": "lenet", "train_size": 100, "test_size": 10, "lr": 0.1,
            "runs": [{"batch_size": 128}]}

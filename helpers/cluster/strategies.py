@@ -190,7 +190,11 @@ def run_ps(job: dict) -> dict:
     import psutil
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    n_ps = len(resolver.cluster_spec().as_dict().get("ps", []))
+    # with several PS tasks, each variable is split over them as TF's PS tutorial does
+    partitioner = (tf.distribute.experimental.partitioners.FixedShardsPartitioner(n_ps)
+                   if n_ps > 1 else None)
+    strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     started, ready = psutil.Process().create_time(), time.time()
     batch, lr, path = job["batch_size"], job["lr"], job["data_file"]
@@ -207,6 +211,11 @@ def run_ps(job: dict) -> dict:
     with strategy.scope():
         model = build(job.get("model", "logreg"), (28, 28), 10, job.get("seed", 0))
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    # the tf.Variables behind Keras 3's variables: with a partitioner each is a ShardedVariable,
+    # whose shards (one per PS) are what a gradient can be taken for and applied to; Keras's
+    # own wrapper has no `handle` for a GradientTape then
+    weights = [shard for v in model.trainable_variables
+               for shard in getattr(v.value, "variables", [v.value])]
 
     @tf.function
     def step_fn(it):
@@ -214,8 +223,7 @@ def run_ps(job: dict) -> dict:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
                     yb, model(xb, training=True), from_logits=True))
-            for var, grad in zip(model.trainable_variables,
-                                 tape.gradient(loss, model.trainable_variables)):
+            for var, grad in zip(weights, tape.gradient(loss, weights)):
                 var.assign_sub(lr * grad)  # plain SGD, applied on the PS as each step lands
             return loss
         return strategy.run(replica_fn, args=next(it))
@@ -232,6 +240,8 @@ def run_ps(job: dict) -> dict:
     t1 = time.perf_counter()
     test_accuracy = accuracy(model, xt, yt)
     return {"workers": len(resolver.cluster_spec().as_dict().get("worker", [])), "steps": steps,
+            "ps": n_ps, "shards": [len(getattr(v.value, "variables", [v]))
+                                   for v in model.trainable_variables],
             "ready_s": ready - started, "train_s": train_s, "steps_per_s": steps / train_s,
             "loss_first": float(np.mean(losses[:20])), "loss_last": float(np.mean(losses[-20:])),
             "test_accuracy": test_accuracy, "eval_s": time.perf_counter() - t1,
