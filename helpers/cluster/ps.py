@@ -3,7 +3,9 @@
 `PSLoop` runs in the PS process (started by node.py). It dequeues gradient messages (see
 wire.py), asks protocol.py's rules what to do with each (apply at once, aggregate k of them,
 drop or fold a stale one, grant an SSP token), applies updates with update.apply_update, writes
-checkpoints, and watches the worker processes so that a dead one cannot hang the run.
+checkpoints, and watches the worker processes so that a dead one cannot hang the run. With the
+parameters sharded, this loop runs on PS task 0 only and applies each update on every task
+(update.staged_apply); the other tasks only hold their pieces.
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@
 remote call: in the modes that wait (sync, SSP, backup) it takes the PS's step token, and the
 parameters ride back with it; it computes the gradient on a local batch and pushes it to the
 PS's queue, or in async applies it on the PS itself, as the update the PS's ticket numbers.
-Tensors cross the network as one transfer per wire dtype (wire.pack_by_dtype). The Python
+Tensors cross the network as one transfer per wire dtype and PS task (wire.pack_by_dtype);
+with the parameters sharded over several PS tasks (wire.plan), the call reads and pushes every
+task's pieces at once. The Python
 loop around it logs each step and simulates stragglers and faults.
 """
 from __future__ import annotations
@@ -55,7 +57,6 @@ class WorkerLoop:
 
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         variables = model.trainable_variables
-        shapes = [tuple(v.shape) for v in variables]
         ps, task, n_push = self.node.ps, self.node.task, cfg.n_push
         local_lr = cfg.lr
         comp, residual = self.comp, self.residual
