@@ -207,7 +207,8 @@ def main() -> None:
         out = {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg(),
                "sharded": print_sharded(sharded(shard_steps, common)),
                "load_average_end": os.getloadavg()}
-        print(f"wrote {files.write_json(config.runs_dir('bench') / 'sharded_bench.json', out, indent=1)}")
+        path = files.write_json(config.runs_dir("bench") / "sharded_bench.json", out, indent=1)
+        print(f"wrote {path}")
         return
     rows, out = [], {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg()}
     side, memory, costs = side_by_side({"logreg": n_log, "lenet": n_lenet}, common,

@@ -481,7 +481,7 @@ def test_hung_ps_trips_the_stall_watchdog(small_cluster):
 ORPHAN_SCRIPT = textwrap.dedent("""
     import json, sys
     from helpers.cluster import LocalCluster
-    c = LocalCluster(workers=1, isolate="auto").start()
+    c = LocalCluster(workers=1, isolate="auto", ps=int(sys.argv[2])).start()
     pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
     print(json.dumps(pids), flush=True)
     if sys.argv[1] == "mid-run":  # train until killed: the nodes never look at stdin
@@ -498,13 +498,16 @@ def _updates_so_far(run_dir) -> int:
         return 0
 
 
-@pytest.mark.parametrize("when", ["idle", "mid-run"])
-@pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
-def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when, pdeathsig):
+@pytest.mark.parametrize("when, pdeathsig, ps", [
+    ("idle", "0", 1), ("mid-run", "0", 1), ("idle", "1", 1), ("mid-run", "1", 1),
+    ("mid-run", "0", 2)], ids=["idle-lifeline-only", "mid-run-lifeline-only", "idle-with-prctl",
+                               "mid-run-with-prctl", "mid-run-lifeline-only-2ps"])
+def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when, pdeathsig, ps):
     """LABS_PDEATHSIG=0 leaves only the portable lifeline (as on macOS): 0 survivors, idle and
-    in the middle of a run; with Linux's prctl as well, the same."""
+    in the middle of a run; with Linux's prctl as well, the same; and with two PS tasks."""
     env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path), LABS_PDEATHSIG=pdeathsig)
-    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, when], stdin=subprocess.PIPE,
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, when, str(ps)],
+                              stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env)
     pids = []
     try:
