@@ -126,7 +126,8 @@ class LocalCluster:
         processes = self.ps + self.workers + self.evaluator
         try:
             resources.check_memory(
-                processes, f"A cluster of {self.ps} PS task(s), {self.workers} worker(s)"
+                processes, f"A cluster of {'1 PS' if self.ps == 1 else f'{self.ps} PS tasks'}, "
+                f"{self.workers} worker(s)"
                 f"{' and an evaluator' if self.evaluator else ''}",
                 lambda fit: f"Start fewer workers "
                             f"(workers={max(1, fit - self.ps - self.evaluator)} would fit)")
