@@ -171,7 +171,8 @@ def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster, tmp_p
     # sync is deterministic: sharded or not, the same updates give the same parameters
     with np.load(run.dir / "ckpt" / f"ckpt-{STEPS:07d}.npz") as f:
         SYNC_FINAL[cluster.ps] = [f[k] for k in sorted(f.files)]
-    first = next(iter(SYNC_FINAL.values()))  # the first cluster's run, in this session
+    # the first cluster's run in this session (run alone, a run is compared with itself)
+    first = next(iter(SYNC_FINAL.values()))
     for one, two in zip(first, SYNC_FINAL[cluster.ps]):
         np.testing.assert_allclose(one, two, rtol=0, atol=1e-6)
     up = updates(run)
@@ -383,8 +384,9 @@ def test_bad_config_raises_before_anything_starts():
 
 
 def test_killed_ps_fails_fast_naming_it(cluster):
-    """Last user of the shared cluster: a PS task dies at update 30, after a checkpoint (the
-    one PS, or the sharded cluster's task 1, which holds half of the parameters)."""
+    """Last user of the shared cluster: a PS task dies at update 35, after the checkpoint of
+    update 30 (the one PS, or the sharded cluster's task 1, which holds half of the
+    parameters); async stops handing out tickets at any PS task's fault."""
     pids = list(cluster.pids.values())
     task = cluster.ps - 1
     with pytest.raises(ValueError, match=rf"faults \['ps:{cluster.ps}'\] name PS tasks this "
@@ -393,11 +395,12 @@ def test_killed_ps_fails_fast_naming_it(cluster):
                       **COMMON)
     with pytest.raises(ClusterError, match=rf"ps:{task} \(pid \d+\) killed by SIGKILL") as err:
         cluster.train(mode="async", run_id=f"{cluster.name}-killed", checkpoint_every=10,
-                      faults={f"ps:{task}": {"kind": "kill", "at": 30}}, **COMMON)
+                      faults={f"ps:{task}": {"kind": "kill", "at": 35}}, **COMMON)
     assert "(this run) ---" in str(err.value)  # the tail starts where this run began
     events = (cluster.dir.parent / f"{cluster.name}-killed" / "ps-0.jsonl").read_text()
-    fault_t = [json.loads(line)["t"] for line in events.splitlines() if '"fault"' in line][0]
-    assert time.time() - fault_t < 10  # the error came within 10 s of the death
+    faults = [json.loads(line) for line in events.splitlines() if '"fault"' in line]
+    assert [(f["version"], f["ps"]) for f in faults] == [(35, task)]  # once, where it was due
+    assert time.time() - faults[0]["t"] < 10  # the error came within 10 s of the death
     assert cluster.procs == {}
     assert not [p for p in pids if psutil.pid_exists(p)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
@@ -430,7 +433,8 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with LocalCluster(workers=1, isolate="auto", evaluator=True, ps=cluster.ps) as c:
+            # resumed on the other number of PS tasks: checkpoints hold whole variables
+            with LocalCluster(workers=1, isolate="auto", evaluator=True, ps=3 - cluster.ps) as c:
                 run = c.train(mode="async", run_id=run_id, resume=True, checkpoint_every=40,
                               **COMMON)
                 pids = list(c.pids.values())

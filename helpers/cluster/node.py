@@ -57,20 +57,26 @@ class Node:
             with tf.device(self.ps):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
 
-    def wait_for_ps0_to_end(self, every: float = 1.0, misses: int = 3) -> None:
+    def wait_for_ps0_to_end(self, every: float = 1.0, misses: int = 3,
+                            never_s: float = 600.0) -> None:
         """Standalone PS task > 0: return once PS task 0's port has refused `misses` times in a
-        row after it was reached (task 0's process exits when the run ends)."""
+        row after it was reached (task 0's process exits when the run ends); raise if it was
+        never reached in `never_s` seconds (task 0 never started, or is unreachable)."""
         import socket
         import time
 
         host, port = self.ps_addrs[0].rsplit(":", 1)
-        reached, missed = False, 0
+        reached, missed, start = False, 0, time.monotonic()
         while missed < misses:
             try:
                 socket.create_connection((host, int(port)), timeout=every).close()
                 reached, missed = True, 0
             except OSError:
                 missed += reached
+                if not reached and time.monotonic() - start > never_s:
+                    raise RuntimeError(
+                        f"PS task {self.task}: PS task 0 at {self.ps_addrs[0]} was never reachable "
+                        f"in {never_s:.0f} s; start it (or check the address in the cluster file)")
             time.sleep(every)
 
     def say(self, event: Event, **fields) -> None:

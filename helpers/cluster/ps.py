@@ -57,6 +57,7 @@ class PSLoop(WorkerWatch):
         self.apply_staged = (staged_apply(res, self.comp, cfg.momentum) if res.sharded
                              else None)
         self.discard: list[int] = []
+        self.faulted: set = set()  # the PS faults already injected
 
     # ----------------------------------------------------------- helpers
     def _init_vars(self):
@@ -125,8 +126,9 @@ class PSLoop(WorkerWatch):
     def _fault(self):
         """Kill or stop this PS task, or another one (`ps:J`, sharded), at its version."""
         for who, spec in self.cfg.faults.items():
-            if not str(who).startswith("ps") or self.version != spec["at"]:
+            if not str(who).startswith("ps") or self.version != spec["at"] or who in self.faulted:
                 continue
+            self.faulted.add(who)  # once: pushes that update nothing leave the version as it is
             task = int(str(who).partition(":")[2] or 0)
             self.log.write(Kind.FAULT, what=spec["kind"], version=self.version, ps=task)
             pid = os.getpid() if task == 0 else self.ps_pids.get(task)
@@ -168,6 +170,8 @@ class PSLoop(WorkerWatch):
                        ps=len(self.res.devices),
                        pieces=[[p.var, p.start, p.stop, p.task] for p in self.res.pieces])
         try:
+            # a failed attempt of this run (same run id, resumed) may have left pushes staged
+            self._clear_stage()
             if self.apply_staged is not None and mode != "async":
                 self._warm_staged()
             if mode == "async":  # one for each worker's warm-up push (worker.py, _warm_up)
@@ -218,13 +222,14 @@ class PSLoop(WorkerWatch):
         modes; the workers wait for the next block meanwhile.
         """
         raw, cfg = tf.raw_ops, self.cfg
-        fault = cfg.faults.get("ps")
+        faults = [spec["at"] for who, spec in cfg.faults.items() if str(who).startswith("ps")]
         while self.version < cfg.steps:
             end = cfg.steps
             if cfg.checkpoint_every:
                 end = min(end, (self.version // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
-            if fault and fault["at"] > self.version:
-                end = min(end, fault["at"])
+            for at in faults:  # any PS task's fault: task 0's own or another's ("ps:J")
+                if at > self.version:
+                    end = min(end, at)
             lrs = {t: protocol.learning_rate(cfg.lr, cfg.lr_schedule, t)
                    for t in range(self.version, end)}
             self._tickets(list(lrs), list(lrs.values()))
@@ -338,8 +343,9 @@ class PSLoop(WorkerWatch):
             raw.QueueCloseV2(handle=h, cancel_pending_enqueues=True)
 
     def _warm_staged(self):
-        """Sharded: trace the update function now for every number of pushes an update can
-        take in this mode (1 for a warm-up's removal), so that no update pays for it."""
+        """Sharded: trace the update function now for the numbers of pushes an update takes in
+        this mode (k to N in backup; 1 for a warm-up's removal), so that those updates do not
+        pay for it (a larger number, e.g. a folded push and its worker's next, is traced then)."""
         n, k = self.cfg.workers, self.cfg.k
         counts = range(k, n + 1) if self.cfg.mode == "backup" else [n if self.cfg.mode == "sync"
                                                                      else 1]
