@@ -46,14 +46,18 @@ def task_bytes(shapes, tasks: int, compress=None) -> list[dict]:
 
 
 def phases(run) -> dict:
-    """Median seconds of a worker step's pull, compute and push (async: the push applies)."""
+    """Median seconds of a worker step's pull, compute and push (async: the push applies), as
+    the timeline cuts a step (events.StepStamps.phases: a pull without the wait for a token)."""
     st = run.events[run.events.kind == Kind.STEP]
-    s = np.array([StepStamps(*x) for x in st.stamps])
-    fields = StepStamps._fields
-    col = {f: s[:, i] for i, f in enumerate(fields)}
-    return {"pull_s": float(np.median(col["arrived"] - col["called"])),
-            "compute_s": float(np.median(col["computed"] - col["arrived"])),
-            "push_s": float(np.median(col["pushed"] - col["computed"]))}
+    per_step = []
+    for stamps in st.stamps:
+        took = {"pull": 0.0, "compute": 0.0, "push": 0.0}
+        for name, start, end in StepStamps(*stamps).phases():
+            if name in took:
+                took[name] += end - start
+        per_step.append(took)
+    return {f"{name}_s": float(np.median([t[name] for t in per_step]))
+            for name in ("pull", "compute", "push")}
 
 
 def run_row(run, shapes) -> dict:
@@ -65,7 +69,7 @@ def run_row(run, shapes) -> dict:
     st = ev[(ev.kind == Kind.STEP) & (ev.t > start) & (ev.t <= end)]
     n_steps = len(st)
     cpu = run.cpu_seconds()
-    tasks = len([n for n in cpu if str(n).startswith("ps:")])
+    tasks = int(ev[ev.kind == Kind.START].ps.iloc[-1])  # PS task 0 logs how many there are
     carried = task_bytes(shapes, tasks, cfg.compress)
     row = {"workers": cfg.workers, "ps tasks": tasks, "model": cfg.model,
            "steps/s": n_steps / (end - start)}

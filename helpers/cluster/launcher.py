@@ -258,7 +258,7 @@ class LocalCluster:
         if not kwargs.get("run_id"):
             kwargs["run_id"] = f"{self.name}-run{next(_COUNTER)}"
         cfg = protocol.validate(protocol.RunConfig(**kwargs))
-        bad = [k for k in cfg.faults if str(k).startswith("ps:") and int(str(k)[3:]) >= self.ps]
+        bad = [k for k in cfg.faults if (protocol.ps_fault_task(k) or 0) >= self.ps]
         if bad:
             raise ValueError(f"faults {bad} name PS tasks this cluster does not have: it has "
                              f"ps={self.ps} (tasks 0 to {self.ps - 1})")

@@ -127,6 +127,16 @@ class Downpour:
         return False
 
 
+def ps_fault_task(who) -> int | None:
+    """The PS task a fault key names ("ps": task 0, "ps:J": task J), or None for a worker's."""
+    who = str(who)
+    if who == "ps":
+        return 0
+    if who.startswith("ps:") and who[3:].isdigit():
+        return int(who[3:])
+    return None
+
+
 def staleness(version_read: int, version_before_apply: int) -> int:
     """PS updates applied between a worker's pull and the application of its push."""
     return version_before_apply - version_read
@@ -276,9 +286,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"a straggler slowdown factor must be >= 1, got {spec!r} "
                              f"for worker {w}")
     for who, spec in cfg.faults.items():
-        ps_task = str(who).startswith("ps:") and str(who)[3:].isdigit()
-        if (str(who) != "ps" and not ps_task
-                and (not str(who).isdigit() or int(who) not in cfg.worker_ids)):
+        if ps_fault_task(who) is None and (not str(who).isdigit()
+                                           or int(who) not in cfg.worker_ids):
             raise ValueError(f"faults are keyed by 'ps' (PS task 0), 'ps:J' (PS task J of a "
                              f"sharded cluster) or a worker in {cfg.worker_ids}, got {who!r}")
         if not isinstance(spec, dict) or spec.get("kind") not in FAULT_KINDS:

@@ -126,10 +126,10 @@ class PSLoop(WorkerWatch):
     def _fault(self):
         """Kill or stop this PS task, or another one (`ps:J`, sharded), at its version."""
         for who, spec in self.cfg.faults.items():
-            if not str(who).startswith("ps") or self.version != spec["at"] or who in self.faulted:
+            task = protocol.ps_fault_task(who)
+            if task is None or self.version != spec["at"] or who in self.faulted:
                 continue
             self.faulted.add(who)  # once: pushes that update nothing leave the version as it is
-            task = int(str(who).partition(":")[2] or 0)
             self.log.write(Kind.FAULT, what=spec["kind"], version=self.version, ps=task)
             pid = os.getpid() if task == 0 else self.ps_pids.get(task)
             if pid is None:
@@ -222,7 +222,8 @@ class PSLoop(WorkerWatch):
         modes; the workers wait for the next block meanwhile.
         """
         raw, cfg = tf.raw_ops, self.cfg
-        faults = [spec["at"] for who, spec in cfg.faults.items() if str(who).startswith("ps")]
+        faults = [spec["at"] for who, spec in cfg.faults.items()
+                  if protocol.ps_fault_task(who) is not None]
         while self.version < cfg.steps:
             end = cfg.steps
             if cfg.checkpoint_every:
@@ -355,10 +356,10 @@ class PSLoop(WorkerWatch):
         """Sharded: drop the pushes no update took from every PS task's stage buffer."""
         if self.apply_staged is None:
             return
-        for device, spec in zip(self.res.devices, self.res.task_wire):
+        for task, device in enumerate(self.res.devices):
             try:
                 with tf.device(device):
-                    tf.raw_ops.MapClear(dtypes=[tf.as_dtype(d) for d, _ in spec],
+                    tf.raw_ops.MapClear(dtypes=self.res.stage_dtypes(task),
                                         shared_name=self.res.stage)
             except tf.errors.OpError:
                 pass  # that PS task is gone (a fault): nothing of it to free

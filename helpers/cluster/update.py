@@ -64,7 +64,7 @@ def staged_apply(res, comp, momentum):
             if not idx:
                 continue
             shapes = [res.pieces[i].shape for i in idx]
-            dtypes = [tf.as_dtype(d) for d, _ in res.task_wire[task]]
+            dtypes = res.stage_dtypes(task)
             with tf.device(res.devices[task]):
                 summed = [tf.zeros(s) for s in shapes]
                 for n in range(keys.shape[0]):
@@ -98,5 +98,5 @@ def warm_staged(fn, res, counts) -> None:
                 for key in keys:
                     raw.MapStage(key=key, indices=list(range(len(spec))),
                                  values=[tf.zeros(s, d) for d, s in spec],
-                                 dtypes=[tf.as_dtype(d) for d, _ in spec], shared_name=res.stage)
+                                 dtypes=res.stage_dtypes(task), shared_name=res.stage)
         fn(keys, tf.zeros([n]), tf.constant(0.0))

@@ -181,6 +181,12 @@ class Resources:
     def task_pieces(self) -> list[list[int]]:
         return by_task(self.pieces, len(self.devices))
 
+    def stage_dtypes(self, task: int) -> list:
+        """The TF dtypes of a push's wire tensors in PS task `task`'s stage buffer."""
+        import tensorflow as tf
+
+        return [tf.as_dtype(d) for d, _ in self.task_wire[task]]
+
 
 def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
     """Declare (or find) the run's shared resources on the PS tasks; same call in every process."""

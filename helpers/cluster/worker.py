@@ -158,7 +158,7 @@ class WorkerLoop:
                                 staged.append(raw.MapStage(
                                     key=key, indices=list(range(len(arrived_at[t]))),
                                     values=arrived_at[t], shared_name=res.stage,
-                                    dtypes=[tf.as_dtype(d) for d, _ in res.task_wire[t]]))
+                                    dtypes=res.stage_dtypes(t)))
                     with tf.device(ps), tf.control_dependencies(staged):
                         sent = raw.QueueEnqueueV2(handle=res.grads, components=[meta])
                 with tf.control_dependencies([sent, computed]):
