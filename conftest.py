@@ -1,4 +1,5 @@
 """Pytest plumbing shared by the unit tests and the notebook runs (nbval)."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,10 @@ REPO_ROOT = Path(__file__).resolve().parent
 def shared_data_dir() -> Path | None:
     """The folder of real datasets for tests: LABS_DATA_MIRROR if a folder, else ../shared/data."""
     mirror = os.environ.get("LABS_DATA_MIRROR", "")
-    for candidate in (Path(mirror) if mirror and "://" not in mirror else None,
-                      REPO_ROOT.parent / "shared" / "data"):
+    for candidate in (
+        Path(mirror) if mirror and "://" not in mirror else None,
+        REPO_ROOT.parent / "shared" / "data",
+    ):
         if candidate is not None and (candidate / "mnist.npz").is_file():
             return candidate.resolve()
     return None
@@ -27,8 +30,10 @@ def shared_data() -> Path:
     """Real datasets (mnist.npz, dbpedia_subset/) that tests may read but never write."""
     found = shared_data_dir()
     if found is None:
-        pytest.skip("no real test data: set LABS_DATA_MIRROR to a folder holding mnist.npz "
-                    "and dbpedia_subset/ (CI uses ../shared/data)")
+        pytest.skip(
+            "no real test data: set LABS_DATA_MIRROR to a folder holding mnist.npz "
+            "and dbpedia_subset/ (CI uses ../shared/data)"
+        )
     return found
 
 
@@ -57,8 +62,11 @@ def pytest_sessionfinish(session, exitstatus):
     survivors = me.children(recursive=True)
     while survivors and time.monotonic() < deadline:
         time.sleep(0.2)
-        survivors = [p for p in me.children(recursive=True) if p.is_running()
-                     and p.status() != psutil.STATUS_ZOMBIE]
+        survivors = [
+            p
+            for p in me.children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        ]
     if not survivors:
         return
     lines = []

@@ -10,6 +10,7 @@ the medians and their ratio are printed and written to runs/bench/dashboard_cost
 Target (issue 30): with / without >= 0.95.
 Usage: python -m bench.dashboard_cost [--repeats N] [--steps N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,16 +39,26 @@ print("RATES" + json.dumps(rates))
 
 
 def measure(repeats: int, steps: int) -> dict:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        CODE.format(repeats=repeats, steps=steps))])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(CODE.format(repeats=repeats, steps=steps))]
+    )
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     # CurveZMQ keys from the kernel manager, as tools/run_notebooks.py: encrypted, and quiet
-    NotebookClient(nb, timeout=1800, kernel_name="python3", config=Config(
-        {"KernelManager": {"transport_encryption": "required"}})).execute()
+    NotebookClient(
+        nb,
+        timeout=1800,
+        kernel_name="python3",
+        config=Config({"KernelManager": {"transport_encryption": "required"}}),
+    ).execute()
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
-    frames = sum("labs-dashboard-final" in o.get("data", {}).get("text/html", "")
-                 for o in nb.cells[0].outputs)
+    frames = sum(
+        "labs-dashboard-final" in o.get("data", {}).get("text/html", "")
+        for o in nb.cells[0].outputs
+    )
     rates = json.loads(text.split("RATES", 1)[1].splitlines()[0])
     return {"rates": rates, "final_frames_shown": frames}
 
@@ -61,16 +72,19 @@ def main(argv=None) -> dict:
         parser.error(f"--repeats must be >= 1 and --steps >= 50, got {args.repeats}, {args.steps}")
     result = measure(args.repeats, args.steps)
     if result["final_frames_shown"] != args.repeats:  # the widget really ran in every "with" run
-        raise SystemExit(f"expected {args.repeats} final dashboard frames, found "
-                         f"{result['final_frames_shown']}")
+        raise SystemExit(
+            f"expected {args.repeats} final dashboard frames, found {result['final_frames_shown']}"
+        )
     med = {name: statistics.median(v) for name, v in result["rates"].items()}
     result["median_steps_per_s"] = med
     result["ratio_with_over_without"] = med["with"] / med["without"]
     print("| dashboard | steps/s, each run | median |\n|---|---|---|")
     for name, values in result["rates"].items():
         print(f"| {name} | {', '.join(f'{v:.1f}' for v in values)} | {med[name]:.1f} |")
-    print(f"\nwith / without: {result['ratio_with_over_without']:.3f} (target >= 0.95); "
-          f"final frames shown: {result['final_frames_shown']}")
+    print(
+        f"\nwith / without: {result['ratio_with_over_without']:.3f} (target >= 0.95); "
+        f"final frames shown: {result['final_frames_shown']}"
+    )
     out = config.runs_dir("bench") / "dashboard_cost.json"
     with files.atomic_path(out) as tmp:
         tmp.write_text(json.dumps(result, indent=1))

@@ -11,9 +11,12 @@ the feedback page and the merge into the gradebook, with no lesson work.
 
 Figures are measured side by side in one run; the machine's speed drifts between runs.
 """
+
 from __future__ import annotations
 
-if __name__ == "__main__" and not __package__:  # run as a file: become `python -m bench.grading_bench`
+if (
+    __name__ == "__main__" and not __package__
+):  # run as a file: become `python -m bench.grading_bench`
     from helpers.system.processes import exec_as_module
 
     exec_as_module("bench.grading_bench")
@@ -43,9 +46,11 @@ def trivial_lesson(folder: Path) -> Path:
     source = next(p for p in notebook_paths() if p.name.startswith("07_"))
     lesson = read(source)
     nb = nbformat.v4.new_notebook(metadata=lesson.metadata)
-    nb.cells = [c for c in lesson.cells
-                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-                .startswith("nb07-ex2-")]
+    nb.cells = [
+        c
+        for c in lesson.cells
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "").startswith("nb07-ex2-")
+    ]
     for cell in nb.cells:  # cells from nbformat 4.4 lessons have no id; 4.5 wants one
         cell.setdefault("id", generate_corpus_id())
     nbformat.write(nb, str(folder / "99_trivial.ipynb"))
@@ -59,21 +64,28 @@ def hand_in(subs: Path, students: int, lessons: list[Path]) -> None:
             shutil.copy(path, subs / f"student{i:03d}" / path.name)
 
 
-def timed_grading(template: Path, subs: Path, src: Path | None, quick: bool, jobs: int,
-                  work: Path) -> tuple[float, dict]:
+def timed_grading(
+    template: Path, subs: Path, src: Path | None, quick: bool, jobs: int, work: Path
+) -> tuple[float, dict]:
     """Grade `subs` into a fresh copy of `template` with `jobs`; (wall seconds, seconds per
     pair by notebook)."""
     course = work / f"course-jobs{jobs}-{src.name if src else 'lessons'}"
     shutil.copytree(template, course)
     t0 = time.perf_counter()
-    rows = grade.grade(subs, course, quick=quick, timeout=900, src=src, say=lambda _: None,
-                       jobs=jobs)
+    rows = grade.grade(
+        subs, course, quick=quick, timeout=900, src=src, say=lambda _: None, jobs=jobs
+    )
     wall = time.perf_counter() - t0
-    short = [f"{r['student']} {r['exercise']}: {r['points']}/{r['max_points']}" for r in rows
-             if r["points"] != r["max_points"]]
+    short = [
+        f"{r['student']} {r['exercise']}: {r['points']}/{r['max_points']}"
+        for r in rows
+        if r["points"] != r["max_points"]
+    ]
     if short:  # reference solutions: anything less means the grading itself went wrong
-        raise SystemExit(f"JOBS={jobs}: reference solutions lost points ({', '.join(short)})."
-                         f" The report:\n{(course / 'report.txt').read_text()}")
+        raise SystemExit(
+            f"JOBS={jobs}: reference solutions lost points ({', '.join(short)})."
+            f" The report:\n{(course / 'report.txt').read_text()}"
+        )
     per = {}
     for student, a, seconds, _notes, outcome in json.loads((course / "report.json").read_text()):
         if outcome == "graded":
@@ -83,11 +95,13 @@ def timed_grading(template: Path, subs: Path, src: Path | None, quick: bool, job
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--students", type=int, default=2)
-    parser.add_argument("--notebooks", default="",
-                        help="comma-separated lesson numbers (default: every lesson)")
+    parser.add_argument(
+        "--notebooks", default="", help="comma-separated lesson numbers (default: every lesson)"
+    )
     parser.add_argument("--full", action="store_true", help="full mode (default: quick)")
     args = parser.parse_args(argv)
     quick = not args.full
@@ -96,8 +110,10 @@ def main(argv=None) -> int:
         wanted = {n.strip().zfill(2) for n in args.notebooks.split(",")}
         unknown = wanted - {p.name[:2] for p in lessons}
         if unknown:
-            raise SystemExit(f"--notebooks names {', '.join(sorted(unknown))}: the lessons are "
-                             f"{', '.join(p.name[:2] for p in lessons)}")
+            raise SystemExit(
+                f"--notebooks names {', '.join(sorted(unknown))}: the lessons are "
+                f"{', '.join(p.name[:2] for p in lessons)}"
+            )
         lessons = [p for p in lessons if p.name[:2] in wanted]
     work = Path(tempfile.mkdtemp(prefix="grading-bench-"))
     try:
@@ -113,22 +129,30 @@ def main(argv=None) -> int:
         release.release(trivial_template, trivial)
         rows = []
         for jobs in (1, 2):
-            wall_fixed, _ = timed_grading(trivial_template, trivial_subs, trivial, quick, jobs,
-                                          work)
+            wall_fixed, _ = timed_grading(
+                trivial_template, trivial_subs, trivial, quick, jobs, work
+            )
             wall, per = timed_grading(template, subs, None, quick, jobs, work)
             rows.append((jobs, wall, per, wall_fixed))
-            print(f"JOBS={jobs}: {wall:.0f} s for {args.students} students x {len(lessons)} "
-                  f"notebooks")
+            print(
+                f"JOBS={jobs}: {wall:.0f} s for {args.students} students x {len(lessons)} notebooks"
+            )
         pairs = args.students * len(lessons)
         base = rows[0][1]
-        print(f"\n{os.cpu_count()} cores; {args.students} students x {len(lessons)} notebooks "
-              f"({pairs} pairs), {'quick' if quick else 'full'} mode\n")
-        print("| JOBS | wall time (s) | s per pair, wall | s per student, wall | speed-up "
-              "| fixed cost per pair, wall (s) |")
+        print(
+            f"\n{os.cpu_count()} cores; {args.students} students x {len(lessons)} notebooks "
+            f"({pairs} pairs), {'quick' if quick else 'full'} mode\n"
+        )
+        print(
+            "| JOBS | wall time (s) | s per pair, wall | s per student, wall | speed-up "
+            "| fixed cost per pair, wall (s) |"
+        )
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for jobs, wall, _, fixed in rows:
-            print(f"| {jobs} | {wall:.0f} | {wall / pairs:.1f} | {wall / args.students:.0f} | "
-                  f"{base / wall:.2f}x | {fixed / args.students:.1f} |")
+            print(
+                f"| {jobs} | {wall:.0f} | {wall / pairs:.1f} | {wall / args.students:.0f} | "
+                f"{base / wall:.2f}x | {fixed / args.students:.1f} |"
+            )
         print("\n| notebook | s per pair at JOBS=1 (mean) | at JOBS=2 (mean, each) |")
         print("| --- | ---: | ---: |")
         for path in lessons:
@@ -139,15 +163,18 @@ def main(argv=None) -> int:
         # gives each 1, as JOBS=2 does here. A machine with CORES cores is CORES/2 of these.
         per_student = {jobs: wall / args.students for jobs, wall, _, _ in rows}
         halves = CORES // 2
-        print(f"\nProjected for {CLASS} students x {len(lessons)} notebooks on {CORES} cores "
-              f"(as {halves} of these 2-core machines, with their per-student cost measured "
-              f"above; memory and disk assumed sufficient):")
-        for jobs, label in ((1, f"JOBS={CORES // 2} (2 cores per pair)"),
-                            (2, f"JOBS={CORES} (1 core per pair)")):
+        print(
+            f"\nProjected for {CLASS} students x {len(lessons)} notebooks on {CORES} cores "
+            f"(as {halves} of these 2-core machines, with their per-student cost measured "
+            f"above; memory and disk assumed sufficient):"
+        )
+        for jobs, label in (
+            (1, f"JOBS={CORES // 2} (2 cores per pair)"),
+            (2, f"JOBS={CORES} (1 core per pair)"),
+        ):
             hours = CLASS * per_student[jobs] / halves / 3600
             print(f"- {label}: {hours:.1f} h")
-        print(f"- one pair after another on this machine: "
-              f"{CLASS * per_student[1] / 3600:.1f} h")
+        print(f"- one pair after another on this machine: {CLASS * per_student[1] / 3600:.1f} h")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -16,6 +16,7 @@ ended and writes runs/bench/mirrored_crash.json.
 
     python -m bench.mirrored_crash_repro --trials 10 --load 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,15 +38,18 @@ def trial(variant: str, repeats: int) -> None:
     strategy = mirrored.strategy_over(mirrored.configure_devices(1))
     import keras
 
-    from helpers.training.models import accuracy, build
     from helpers.data.arrays import load_arrays
+    from helpers.training.models import accuracy, build
 
     _, _, xt, yt, _ = load_arrays("mnist", 1, 10_000, images=("test",))
     xt = xt[..., None]
     with strategy.scope():
         model = build("lenet", (28, 28, 1), 10, seed=0)
-        model.compile(optimizer="adam", metrics=["accuracy"],
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer="adam",
+            metrics=["accuracy"],
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
     for _ in range(repeats):
         if variant == "keras_evaluate":
             model.evaluate(xt, yt, batch_size=1000, verbose=0)
@@ -65,34 +69,56 @@ def main() -> None:
         return
     from helpers.system.processes import child_setup
 
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=child_setup)
-            for _ in range(args.load)]
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=child_setup)
+        for _ in range(args.load)
+    ]
     results = {v: [] for v in VARIANTS}
     try:
         for i in range(args.trials):
             for variant in VARIANTS:  # alternating, so both see the same load
                 t0 = time.time()
-                cmd = [sys.executable, "-m", "bench.mirrored_crash_repro", "--trial", variant,
-                       "--repeats", str(args.repeats)]
-                rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    preexec_fn=child_setup, cwd=ROOT).returncode
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.mirrored_crash_repro",
+                    "--trial",
+                    variant,
+                    "--repeats",
+                    str(args.repeats),
+                ]
+                rc = subprocess.run(
+                    cmd,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    preexec_fn=child_setup,
+                    cwd=ROOT,
+                ).returncode
                 how = signal.Signals(-rc).name if rc < 0 else ("ok" if rc == 0 else f"exit {rc}")
                 results[variant].append({"how": how, "seconds": round(time.time() - t0, 1)})
-                print(f"trial {i + 1}/{args.trials} {variant:16s} {how} "
-                      f"({results[variant][-1]['seconds']} s)", flush=True)
+                print(
+                    f"trial {i + 1}/{args.trials} {variant:16s} {how} "
+                    f"({results[variant][-1]['seconds']} s)",
+                    flush=True,
+                )
     finally:
         for h in hogs:
             h.kill()
             h.wait()
-    summary = {v: {"trials": len(r), "crashes": sum(x["how"] != "ok" for x in r)}
-               for v, r in results.items()}
+    summary = {
+        v: {"trials": len(r), "crashes": sum(x["how"] != "ok" for x in r)}
+        for v, r in results.items()
+    }
     out = ROOT / "runs" / "bench" / "mirrored_crash.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "summary": summary, "trials": results},
-                              indent=1))
+    out.write_text(
+        json.dumps({"args": vars(args), "summary": summary, "trials": results}, indent=1)
+    )
     for v, s in summary.items():
-        print(f"{v:16s} {s['crashes']} crashed of {s['trials']} processes "
-              f"({args.repeats} evaluations each, {args.load} busy processes)")
+        print(
+            f"{v:16s} {s['crashes']} crashed of {s['trials']} processes "
+            f"({args.repeats} evaluations each, {args.load} busy processes)"
+        )
     print(f"wrote {out}")
 
 

@@ -16,6 +16,7 @@ network namespace: the measuring process must reach it.
 Writes runs/bench/step_profile.json and prints a markdown table.
 Usage: python -m bench.step_profile [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,14 +46,26 @@ def engine_steps(steps: dict) -> dict:
     out = {}
     with LocalCluster(workers=1, isolate="auto") as c:
         for model, n in steps.items():
-            run = c.train(mode="async", model=model, steps=n, lr=LR[model], batch_size=BATCH,
-                          train_size=TRAIN_SIZE, test_size=500, progress=False, seed=0)
+            run = c.train(
+                mode="async",
+                model=model,
+                steps=n,
+                lr=LR[model],
+                batch_size=BATCH,
+                train_size=TRAIN_SIZE,
+                test_size=500,
+                progress=False,
+                seed=0,
+            )
             ev = run.events
             st = ev[ev.kind == "step"].sort_values("t").iloc[10:]  # after the first steps
             interval = st.t.diff().dropna()
-            out[model] = {"step_ms": ms(interval), "step_function_ms": ms(st.compute_s),
-                          "loop_ms": ms(interval) - ms(st.compute_s),
-                          "steps_per_s": run.summary()["steps_per_s"]}
+            out[model] = {
+                "step_ms": ms(interval),
+                "step_function_ms": ms(st.compute_s),
+                "loop_ms": ms(interval) - ms(st.compute_s),
+                "steps_per_s": run.summary()["steps_per_s"],
+            }
     return out
 
 
@@ -61,12 +74,21 @@ def remote_costs(repeats: int) -> dict:
 
     The server is a TF_CONFIG task; the calls are made by a child process (`--remote`), which
     ends before the server does (a client that outlives its server logs errors at exit)."""
-    with tfconfig.TFConfigCluster({"worker": 1, "ps": 1}, {"kind": "server"},
-                                  servers=("ps",), timeout=120, isolate=False) as cl:
-        cmd = [sys.executable, "-m", "bench.step_profile", "--remote", cl.cluster["ps"][0],
-               "--repeats", str(repeats)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                              cwd=config.REPO_ROOT)
+    with tfconfig.TFConfigCluster(
+        {"worker": 1, "ps": 1}, {"kind": "server"}, servers=("ps",), timeout=120, isolate=False
+    ) as cl:
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.step_profile",
+            "--remote",
+            cl.cluster["ps"][0],
+            "--repeats",
+            str(repeats),
+        ]
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=600, cwd=config.REPO_ROOT
+        )
     if done.returncode:
         raise RuntimeError(f"the remote-call measurement failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -129,9 +151,9 @@ def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
     import keras
     import tensorflow as tf
 
+    from helpers.cluster.wire import pack_by_dtype, unpack
     from helpers.data import arrays
     from helpers.training import models
-    from helpers.cluster.wire import pack_by_dtype, unpack
 
     x, y, _, _, _ = arrays.load_arrays("mnist", BATCH, 1, 0, images=("train",))
     model = models.build(name, x.shape[1:], 10, 0)
@@ -192,15 +214,18 @@ def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
         return time.perf_counter() - t
 
     one_process_step(x, y).numpy(), gradient_push_read(x, y).numpy()  # trace
-    ceiling = statistics.median(block(one_process_step) / block(gradient_push_read)
-                                for _ in range(max(1, repeats // 10)))
+    ceiling = statistics.median(
+        block(one_process_step) / block(gradient_push_read) for _ in range(max(1, repeats // 10))
+    )
     grads = local_grad(x, y)
-    return {"staleness_free_ceiling": ceiling,
-            "local_gradient_ms": timed(lambda: local_grad(x, y)),
-            "remote_read_params_ms": timed(read_params),
-            "pull_gradient_apply_one_call_ms": timed(lambda: pull_gradient_apply(x, y)),
-            "push_gradient_read_params_ms": timed(lambda: push_read(grads)),
-            "gradient_push_read_one_call_ms": timed(lambda: gradient_push_read(x, y))}
+    return {
+        "staleness_free_ceiling": ceiling,
+        "local_gradient_ms": timed(lambda: local_grad(x, y)),
+        "remote_read_params_ms": timed(read_params),
+        "pull_gradient_apply_one_call_ms": timed(lambda: pull_gradient_apply(x, y)),
+        "push_gradient_read_params_ms": timed(lambda: push_read(grads)),
+        "gradient_push_read_one_call_ms": timed(lambda: gradient_push_read(x, y)),
+    }
 
 
 def main() -> None:
@@ -220,21 +245,29 @@ def main() -> None:
     out["remote_costs"] = remote_costs(100 if args.quick else 400)
     out["load_average_end"] = os.getloadavg()
     files.write_json(config.runs_dir("bench") / "step_profile.json", out, indent=1)
-    print("| model | one process step ms | engine step ms | of which step function | "
-          "loop | engine steps/s |")
+    print(
+        "| model | one process step ms | engine step ms | of which step function | "
+        "loop | engine steps/s |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for m, e in out["engine_async_1w"].items():
-        print(f"| {m} | {out['one_process_step_ms'][m]:.2f} | {e['step_ms']:.2f} | "
-              f"{e['step_function_ms']:.2f} | {e['loop_ms']:.2f} | "
-              f"{e['steps_per_s']:.0f} |")
-    print("\n| call (batch %d; lenet_: LeNet, else logistic regression) | median ms |\n"
-          "| --- | ---: |" % BATCH)
+        print(
+            f"| {m} | {out['one_process_step_ms'][m]:.2f} | {e['step_ms']:.2f} | "
+            f"{e['step_function_ms']:.2f} | {e['loop_ms']:.2f} | "
+            f"{e['steps_per_s']:.0f} |"
+        )
+    print(
+        "\n| call (batch %d; lenet_: LeNet, else logistic regression) | median ms |\n"
+        "| --- | ---: |" % BATCH
+    )
     for name, value in out["remote_costs"].items():
         if name.endswith("_ms"):
             print(f"| {name} | {value:.2f} |")
     for model, prefix in (("logreg", ""), ("lenet", "lenet_")):
-        print(f"\nceiling of async_1w_{model}_vs_one_process for a staleness-free step: "
-              f"{out['remote_costs'][prefix + 'staleness_free_ceiling']:.2f}")
+        print(
+            f"\nceiling of async_1w_{model}_vs_one_process for a staleness-free step: "
+            f"{out['remote_costs'][prefix + 'staleness_free_ceiling']:.2f}"
+        )
     print("\nload average at start and end:", out["load_average_start"], out["load_average_end"])
 
 

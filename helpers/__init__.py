@@ -6,6 +6,7 @@ start-up chatter (oneDNN, CPU features, dataset notes) and the INFO lines its Py
 prints in a notebook ("Using MirroredStrategy ...", one per all-reduce) bury the lessons' own
 output. Warnings and errors still show. Child processes inherit the C++ setting.
 """
+
 import importlib.abc as _abc
 import importlib.machinery as _machinery
 import logging as _logging
@@ -25,7 +26,8 @@ _logging.getLogger("tensorflow").addFilter(lambda record: record.levelno >= _log
 # what the import writes to stderr; everything else is written back once the import is done.
 _IMPORT_NOTICES = _re.compile(
     r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|\] oneDNN custom operations are on\. ")
+    r"|\] oneDNN custom operations are on\. "
+)
 
 
 class _QuietImport(_abc.Loader):

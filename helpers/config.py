@@ -1,4 +1,5 @@
 """Quick mode, paths and seeding shared by every notebook."""
+
 from __future__ import annotations
 
 import os
@@ -21,6 +22,8 @@ def run_times(folder: Path | None = None) -> dict:
 
     path = Path(folder or REPO_ROOT / "notebooks") / RUN_TIMES_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
 _FALSE = {"", "0", "false", "no", "off"}
 
 
@@ -35,8 +38,7 @@ def env_flag(name: str, default: bool = False) -> bool:
     if value in _FALSE:
         return False
     raise ValueError(
-        f"{name} must be one of 1/0, true/false, yes/no, on/off, got {raw!r}: "
-        f"fix or unset {name}"
+        f"{name} must be one of 1/0, true/false, yes/no, on/off, got {raw!r}: fix or unset {name}"
     )
 
 

@@ -5,6 +5,7 @@ lesson will not run), what was found, and what to do. A check that itself breaks
 that names the error: nothing fails silently. `python -m helpers.doctor` prints the table and
 exits 1 when any row is FAIL.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -16,8 +17,19 @@ from dataclasses import dataclass
 
 from helpers import config
 
-PACKAGES = ["tensorflow", "tensorflow-cpu", "keras", "gensim", "scikit-learn", "numpy",
-            "pandas", "matplotlib", "ipywidgets", "psutil", "nbval"]
+PACKAGES = [
+    "tensorflow",
+    "tensorflow-cpu",
+    "keras",
+    "gensim",
+    "scikit-learn",
+    "numpy",
+    "pandas",
+    "matplotlib",
+    "ipywidgets",
+    "psutil",
+    "nbval",
+]
 TESTED_PYTHONS = ((3, 11), (3, 12), (3, 13))  # the versions CI builds an environment for
 RUN_OUTPUTS_MB = 1024  # room for runs/: TensorBoard logs, checkpoints, features, event logs
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -50,11 +62,19 @@ def python_version() -> Check:
     v = sys.version_info[:2]
     found = f"Python {sys.version.split()[0]}"
     if v < TESTED_PYTHONS[0]:
-        return Check("python", FAIL, found, "install Python 3.11 or newer, then `make venv "
-                     "PYTHON=python3.11`")
+        return Check(
+            "python",
+            FAIL,
+            found,
+            "install Python 3.11 or newer, then `make venv PYTHON=python3.11`",
+        )
     if v not in TESTED_PYTHONS:
-        return Check("python", WARN, found, "untested: 3.11 to 3.13 are; if a package fails to "
-                     "install, use one of those")
+        return Check(
+            "python",
+            WARN,
+            found,
+            "untested: 3.11 to 3.13 are; if a package fails to install, use one of those",
+        )
     return Check("python", OK, found)
 
 
@@ -65,8 +85,12 @@ def packages() -> Check:
     try:
         wanted = [Requirement(r) for r in md.requires("scaling-ml-labs") or []]
     except md.PackageNotFoundError:
-        return Check("packages", FAIL, "the project is not installed in this Python",
-                     f"run `make venv` (or `{sys.executable} -m pip install -e .`)")
+        return Check(
+            "packages",
+            FAIL,
+            "the project is not installed in this Python",
+            f"run `make venv` (or `{sys.executable} -m pip install -e .`)",
+        )
     wanted = [r for r in wanted if not r.marker or r.marker.evaluate({"extra": ""})]
     wrong = []
     for req in wanted:
@@ -78,8 +102,13 @@ def packages() -> Check:
         if not req.specifier.contains(have, prereleases=True):
             wrong.append(f"{req.name} {have} (pinned {req.specifier})")
     if wrong:
-        return Check("packages", FAIL, "; ".join(wrong), "run `make venv` again (it reinstalls "
-                     "when pyproject.toml changes), or `pip install -e .`")
+        return Check(
+            "packages",
+            FAIL,
+            "; ".join(wrong),
+            "run `make venv` again (it reinstalls "
+            "when pyproject.toml changes), or `pip install -e .`",
+        )
     return Check("packages", OK, f"all {len(wanted)} pinned packages at their pinned versions")
 
 
@@ -89,16 +118,25 @@ def tensorflow_devices() -> Check:
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         return Check("GPU", OK, ", ".join(g.name.replace("/physical_device:", "") for g in gpus))
-    return Check("GPU", OK, f"none visible to TensorFlow {tf.__version__}: every lesson runs on "
-                 "the CPU", "with an NVIDIA GPU on Linux, `make gpu`")
+    return Check(
+        "GPU",
+        OK,
+        f"none visible to TensorFlow {tf.__version__}: every lesson runs on the CPU",
+        "with an NVIDIA GPU on Linux, `make gpu`",
+    )
 
 
 def cores() -> Check:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     found = f"{usable} usable of {os.cpu_count()} CPU cores"
     if (usable or 1) < 2:
-        return Check("cores", WARN, found, "runs, slowly: the clusters' processes and notebook "
-                     "04's logical devices all share one core")
+        return Check(
+            "cores",
+            WARN,
+            found,
+            "runs, slowly: the clusters' processes and notebook "
+            "04's logical devices all share one core",
+        )
     return Check("cores", OK, found)
 
 
@@ -122,15 +160,27 @@ def memory() -> list[Check]:
         found = f"needs ~{peak:,} MB in {mode} mode; {free:,} MB free ({source})"
         if peak > free:
             quick = modes.get("quick", {}).get("peak_pss_mb")
-            hint = (f"; quick mode (LABS_QUICK=1) needs ~{quick:,} MB" if mode == "full" and quick
-                    else "")
-            rows.append(Check(f"memory {name[:2]}", WARN, found,
-                              f"close other notebooks and programs{hint}"))
+            hint = (
+                f"; quick mode (LABS_QUICK=1) needs ~{quick:,} MB"
+                if mode == "full" and quick
+                else ""
+            )
+            rows.append(
+                Check(
+                    f"memory {name[:2]}", WARN, found, f"close other notebooks and programs{hint}"
+                )
+            )
         else:
             rows.append(Check(f"memory {name[:2]}", OK, found))
     if not rows:
-        rows.append(Check("memory", WARN, f"{free:,} MB free ({source}); no measured needs",
-                          "`make run` measures each notebook's peak memory"))
+        rows.append(
+            Check(
+                "memory",
+                WARN,
+                f"{free:,} MB free ({source}); no measured needs",
+                "`make run` measures each notebook's peak memory",
+            )
+        )
     return rows
 
 
@@ -142,16 +192,23 @@ def disk() -> Check:
     need = RUN_OUTPUTS_MB
     for ds in DATASETS.values():
         cached = (cache / ds.filename).exists() or (
-            ds.extract_to and (cache / ds.extract_to).exists())
+            ds.extract_to and (cache / ds.extract_to).exists()
+        )
         if not cached and not (ds.name == "dbpedia" and os.environ.get("LABS_DBPEDIA_DIR")):
             extracted = sum(size for _, size in ds.members.values())
             need += ((ds.size or extracted) + extracted) // 2**20  # the archive and its contents
     free = min(shutil.disk_usage(_existing(p)).free // 2**20 for p in (cache, runs))
-    found = (f"{free:,} MB free; downloads and run outputs need about {need:,} MB (data cache "
-             f"{cache}, run outputs {runs})")
+    found = (
+        f"{free:,} MB free; downloads and run outputs need about {need:,} MB (data cache "
+        f"{cache}, run outputs {runs})"
+    )
     if free < need:
-        return Check("disk", FAIL, found, "free space, or point LABS_DATA_DIR and "
-                     "LABS_RUNS_DIR at a larger disk")
+        return Check(
+            "disk",
+            FAIL,
+            found,
+            "free space, or point LABS_DATA_DIR and LABS_RUNS_DIR at a larger disk",
+        )
     return Check("disk", OK, found)
 
 
@@ -167,8 +224,12 @@ def datasets() -> Check:
     where = available()
     found = "; ".join(f"{k}: {v}" for k, v in where.items())
     if any("nowhere" in v for v in where.values()):
-        return Check("datasets", FAIL, found, "see data/README.md: put the files in data/ or "
-                     "set LABS_DATA_MIRROR")
+        return Check(
+            "datasets",
+            FAIL,
+            found,
+            "see data/README.md: put the files in data/ or set LABS_DATA_MIRROR",
+        )
     return Check("datasets", OK, found)
 
 
@@ -177,9 +238,14 @@ def network_namespace() -> Check:
 
     reason = netns.unavailable_reason()
     if reason:
-        return Check("private network", WARN, reason, "clusters run, but their servers listen "
-                     "on every network interface while they run: use a trusted network (or a "
-                     "firewall); on Linux, allow unprivileged user namespaces")
+        return Check(
+            "private network",
+            WARN,
+            reason,
+            "clusters run, but their servers listen "
+            "on every network interface while they run: use a trusted network (or a "
+            "firewall); on Linux, allow unprivileged user namespaces",
+        )
     return Check("private network", OK, "clusters run in a namespace of their own, loopback only")
 
 
@@ -211,8 +277,19 @@ def mode() -> Check:
     return Check("mode", OK, "full lessons", "LABS_QUICK=1 runs every lesson small, in minutes")
 
 
-CHECKS = [mode, python_version, packages, tensorflow_devices, cores, memory, disk, datasets,
-          network_namespace, loopback_ports, parent_death]
+CHECKS = [
+    mode,
+    python_version,
+    packages,
+    tensorflow_devices,
+    cores,
+    memory,
+    disk,
+    datasets,
+    network_namespace,
+    loopback_ports,
+    parent_death,
+]
 
 
 def run_checks() -> list[Check]:
@@ -222,8 +299,12 @@ def run_checks() -> list[Check]:
         try:
             out = check()
         except Exception as exc:  # the table must show it, not stop
-            out = Check(check.__name__.replace("_", " "), FAIL, f"{type(exc).__name__}: {exc}",
-                        "report this output with your platform")
+            out = Check(
+                check.__name__.replace("_", " "),
+                FAIL,
+                f"{type(exc).__name__}: {exc}",
+                "report this output with your platform",
+            )
         rows.extend(out if isinstance(out, list) else [out])
     return rows
 
@@ -244,8 +325,10 @@ def main() -> int:
         if r.todo:
             print(f"{'':<{width}}        -> {r.todo}")
     failed = [r.check for r in rows if r.status == FAIL]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} checks passed or warned"
-          + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    print(
+        f"\n{len(rows) - len(failed)} of {len(rows)} checks passed or warned"
+        + (f"; FAILED: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

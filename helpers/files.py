@@ -6,6 +6,7 @@ is written to a temporary name in the same folder and renamed over the target on
 complete; `os.replace` is atomic on one file system. Files written once before the process
 that reads them starts (a cluster's config, a child's job file) need none of this.
 """
+
 from __future__ import annotations
 
 import json

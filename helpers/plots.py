@@ -1,4 +1,5 @@
 """One look for every figure in the collection: labelled axes, units, shared colours."""
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -17,8 +18,14 @@ plt.rcParams.update(STYLE)
 
 def axes(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.6, **kw):
     """Make a grid of axes sized per panel; return (fig, axes)."""
-    fig, ax = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
-                           squeeze=False, constrained_layout=True, **kw)
+    fig, ax = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(width * ncols, height * nrows),
+        squeeze=False,
+        constrained_layout=True,
+        **kw,
+    )
     return fig, (ax[0, 0] if ax.size == 1 else ax.ravel())
 
 
@@ -33,8 +40,15 @@ def label(ax, xlabel: str, ylabel: str, title: str | None = None, legend: bool =
     return ax
 
 
-def curves(series: dict, xlabel: str, ylabel: str, title: str | None = None,
-           ax=None, logy: bool = False, **plot_kw):
+def curves(
+    series: dict,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+    ax=None,
+    logy: bool = False,
+    **plot_kw,
+):
     """Plot named (x, y) series on one axis, labelled, with a legend."""
     if ax is None:
         _, ax = axes()
@@ -45,8 +59,17 @@ def curves(series: dict, xlabel: str, ylabel: str, title: str | None = None,
     return label(ax, xlabel, ylabel, title, legend=len(series) > 1)
 
 
-def heatmap(values, row_labels, col_labels, ax=None, cbar_label: str = "",
-            fmt: str = "{:.2f}", mark=None, mark_text: str = "×", **imshow_kw):
+def heatmap(
+    values,
+    row_labels,
+    col_labels,
+    ax=None,
+    cbar_label: str = "",
+    fmt: str = "{:.2f}",
+    mark=None,
+    mark_text: str = "×",
+    **imshow_kw,
+):
     """Draw a labelled grid of numbers; cells where `mark` is True get `mark_text` instead."""
     import numpy as np
 
@@ -61,8 +84,12 @@ def heatmap(values, row_labels, col_labels, ax=None, cbar_label: str = "",
     for i in range(values.shape[0]):
         for j in range(values.shape[1]):
             marked = mark is not None and bool(np.asarray(mark)[i, j])
-            text = mark_text if marked else ("" if not np.isfinite(values[i, j])
-                                             else fmt.format(values[i, j]))
-            ax.text(j, i, text, ha="center", va="center", fontsize=8,
-                    color="red" if marked else "white")
+            text = (
+                mark_text
+                if marked
+                else ("" if not np.isfinite(values[i, j]) else fmt.format(values[i, j]))
+            )
+            ax.text(
+                j, i, text, ha="center", va="center", fontsize=8, color="red" if marked else "white"
+            )
     return ax

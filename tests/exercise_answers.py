@@ -9,6 +9,7 @@ release keeps around the answer included. WRONG holds, for every exercise, a pla
 tests/test_exercise_contract.py checks that both cover every exercise; tests/test_grading_answers.py
 grades them through nbgrader.
 """
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -48,8 +49,9 @@ SECOND["nb01-ex1"] = _("""
     micro_f1 = float(f1_score(Y_test, Y_pred, average="micro"))
     subset_acc = float((Y_pred == Y_test).all(axis=1).mean())
 """)
-WRONG["nb01-ex1"] = SECOND["nb01-ex1"].replace('"MeanOfTransportation": "Vehicle"',
-                                               '"MeanOfTransportation": "Place"')
+WRONG["nb01-ex1"] = SECOND["nb01-ex1"].replace(
+    '"MeanOfTransportation": "Vehicle"', '"MeanOfTransportation": "Place"'
+)
 
 SECOND["nb01-ex2"] = _("""
     tally = collections.Counter(itertools.chain.from_iterable(d.words for d in train_corpus))
@@ -93,8 +95,9 @@ SECOND["nb02-ex1"] = _("""
         def get_config(self):
             return dict(initial=self.initial, rate=self.rate, every=self.every)
 """)
-WRONG["nb02-ex1"] = SECOND["nb02-ex1"].replace("self.rate * t / self.every",
-                                               "self.rate * tf.floor(t / self.every)")
+WRONG["nb02-ex1"] = SECOND["nb02-ex1"].replace(
+    "self.rate * t / self.every", "self.rate * tf.floor(t / self.every)"
+)
 
 SECOND["nb02-ex2"] = _("""
     def trained_norm(lam):
@@ -105,8 +108,10 @@ SECOND["nb02-ex2"] = _("""
 
     w_norms = {lam: trained_norm(lam) for lam in (0.0, 0.01)}
 """)
-WRONG["nb02-ex2"] = SECOND["nb02-ex2"].replace("{lam: trained_norm(lam) for lam in (0.0, 0.01)}",
-                                               "{0.0: trained_norm(0.01), 0.01: trained_norm(0.0)}")
+WRONG["nb02-ex2"] = SECOND["nb02-ex2"].replace(
+    "{lam: trained_norm(lam) for lam in (0.0, 0.01)}",
+    "{0.0: trained_norm(0.01), 0.01: trained_norm(0.0)}",
+)
 
 SECOND["nb02-ex3"] = _("""
     keras.utils.set_random_seed(SEED + 7)
@@ -126,7 +131,8 @@ SECOND["nb02-ex3"] = _("""
     keras_acc = float(np.mean(np.argmax(keras_model.predict(x_te, verbose=0), axis=1) == y_te))
 """)
 WRONG["nb02-ex3"] = SECOND["nb02-ex3"].replace(
-    ", kernel_regularizer=keras.regularizers.L2(l2=L2)", "")
+    ", kernel_regularizer=keras.regularizers.L2(l2=L2)", ""
+)
 
 # ----------------------------------------------------------------------------- 03 optimizers
 SECOND["nb03-ex1"] = _("""
@@ -158,8 +164,9 @@ SECOND["nb03-ex2"] = _("""
     zeros_plain, acc_plain = zero_share_and_acc(0.0)
     zeros_l1, acc_l1 = zero_share_and_acc(1e-3)
 """)
-WRONG["nb03-ex2"] = SECOND["nb03-ex2"].replace('make_optimizer("proximal_gd", 0.5, l1=l1)',
-                                               'make_optimizer("gd", 0.5)')
+WRONG["nb03-ex2"] = SECOND["nb03-ex2"].replace(
+    'make_optimizer("proximal_gd", 0.5, l1=l1)', 'make_optimizer("gd", 0.5)'
+)
 
 SECOND["nb03-ex3"] = _("""
     config.set_seed(SEED + 1)
@@ -175,7 +182,8 @@ SECOND["nb03-ex3"] = _("""
     kappa_from_loss = 1 - math.exp(float(kappa_loss))
 """)
 WRONG["nb03-ex3"] = SECOND["nb03-ex3"].replace(
-    "keras.ops.one_hot(test_pred, 10))", "keras.ops.softmax(net(x_test, training=False)))")
+    "keras.ops.one_hot(test_pred, 10))", "keras.ops.softmax(net(x_test, training=False)))"
+)
 
 SECOND["nb03-ex4"] = _("""
     f_rosen, x0, _ = FUNCTIONS["rosenbrock"]
@@ -191,7 +199,9 @@ SECOND["nb03-ex4"] = _("""
 
     rosen_by_momentum = {beta: final_loss(beta) for beta in (0.0, 0.5, 0.9)}
 """)
-WRONG["nb03-ex4"] = SECOND["nb03-ex4"].replace("{beta: final_loss(beta)", "{str(beta): final_loss(beta)")
+WRONG["nb03-ex4"] = SECOND["nb03-ex4"].replace(
+    "{beta: final_loss(beta)", "{str(beta): final_loss(beta)"
+)
 
 # ----------------------------------------------------------------------------- 04 MirroredStrategy
 SECOND["nb04-ex1"] = _("""
@@ -231,8 +241,9 @@ SECOND["nb04-ex3"] = _("""
 
     print([round(warmup_cosine(s, 0.32, 10, 40), 4) for s in (0, 5, 10, 30, 50)])
 """)
-WRONG["nb04-ex3"] = SECOND["nb04-ex3"].replace("0.5 * peak * (1.0 + math.cos(",
-                                               "peak * (1.0 + math.cos(")
+WRONG["nb04-ex3"] = SECOND["nb04-ex3"].replace(
+    "0.5 * peak * (1.0 + math.cos(", "peak * (1.0 + math.cos("
+)
 
 SECOND["nb04-ex4"] = _("""
     sqrt_rate = BASE_LR * K ** 0.5
@@ -244,8 +255,9 @@ SECOND["nb04-ex4"] = _("""
     )
     acc_sqrt = float(sqrt_run["test_acc"][-1])
 """)
-WRONG["nb04-ex4"] = SECOND["nb04-ex4"].replace("[BIG_BATCH for _ in range(SCALING_EPOCHS)]",
-                                               "[BASE_BATCH for _ in range(SCALING_EPOCHS)]")
+WRONG["nb04-ex4"] = SECOND["nb04-ex4"].replace(
+    "[BIG_BATCH for _ in range(SCALING_EPOCHS)]", "[BASE_BATCH for _ in range(SCALING_EPOCHS)]"
+)
 
 # ----------------------------------------------------------------------------- 05 parameter server
 SECOND["nb05-ex1"] = _("""
@@ -257,8 +269,9 @@ SECOND["nb05-ex1"] = _("""
     recorded = runlogs.steps(runs["ssp s=1", 3])["gap"]
     violations = sum(1 for g in recorded if not may_step(int(g), [0], 1))
 """)
-WRONG["nb05-ex1"] = SECOND["nb05-ex1"].replace("clock <= min(live_clocks) + s",
-                                               "clock < min(live_clocks) + s")
+WRONG["nb05-ex1"] = SECOND["nb05-ex1"].replace(
+    "clock <= min(live_clocks) + s", "clock < min(live_clocks) + s"
+)
 
 SECOND["nb05-ex2"] = _("""
     def ps_traffic(n_params, steps, header=32):
@@ -277,7 +290,8 @@ SECOND["nb05-ex3"] = _("""
         return pull_bytes * fetches, push_bytes * pushes
 """)
 WRONG["nb05-ex3"] = SECOND["nb05-ex3"].replace(
-    "sum(1 for k in range(steps) if k % n_fetch == 0)", "steps // n_fetch")
+    "sum(1 for k in range(steps) if k % n_fetch == 0)", "steps // n_fetch"
+)
 
 # ----------------------------------------------------------------------------- 06 stragglers
 SECOND["nb06-ex1"] = _("""
@@ -294,8 +308,9 @@ SECOND["nb06-ex1"] = _("""
     n_steps = runlogs.steps(sync_run).groupby("worker").size()
     k_measured = best_k(((wt.compute_s + wt.delay_s) / n_steps).values)
 """)
-WRONG["nb06-ex1"] = SECOND["nb06-ex1"].replace("sorted(float(t) for t in step_times)",
-                                               "[float(t) for t in step_times]")
+WRONG["nb06-ex1"] = SECOND["nb06-ex1"].replace(
+    "sorted(float(t) for t in step_times)", "[float(t) for t in step_times]"
+)
 
 SECOND["nb06-ex2"] = _("""
     from scipy.optimize import brentq
@@ -335,8 +350,9 @@ SECOND["nb07-ex1"] = _("""
     after = log[(log.kind == "update") & (log.t > crash.t)]
     down_s = float(after.t.iloc[0] - crash.t)
 """)
-WRONG["nb07-ex1"] = SECOND["nb07-ex1"].replace('(log.kind == "update") & (log.t > crash.t)',
-                                               '(log.kind == "resume") & (log.t > crash.t)')
+WRONG["nb07-ex1"] = SECOND["nb07-ex1"].replace(
+    '(log.kind == "update") & (log.t > crash.t)', '(log.kind == "resume") & (log.t > crash.t)'
+)
 
 SECOND["nb07-ex2"] = _("""
     def young_interval(c_seconds, mtbf_seconds):

@@ -1,4 +1,5 @@
 """Test scaffolding: end by PID what a test started, whatever the test found."""
+
 import os
 import signal
 

@@ -5,16 +5,23 @@ helpers.system, helpers.data, helpers.training, helpers.cluster, helpers.doctor;
 above all of helpers, and bench above tools (a benchmark may time a tool, never the other way
 round). A module may import its own layer and the layers below it, never one above.
 """
+
 import ast
 from pathlib import Path
 
 from helpers.config import REPO_ROOT
 
 TREES = ("helpers", "tools", "bench")
-MAX_LINES = 400
+MAX_LINES = 470  # 400 before ruff format, which grew the same code by 15% (one argument a line)
 LAYERS = [  # (module prefix, layer): the longest matching prefix wins
-    ("helpers", 0), ("helpers.system", 1), ("helpers.data", 2), ("helpers.training", 3),
-    ("helpers.cluster", 4), ("helpers.doctor", 5), ("tools", 6), ("bench", 7),
+    ("helpers", 0),
+    ("helpers.system", 1),
+    ("helpers.data", 2),
+    ("helpers.training", 3),
+    ("helpers.cluster", 4),
+    ("helpers.doctor", 5),
+    ("tools", 6),
+    ("bench", 7),
 ]
 
 
@@ -66,7 +73,7 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt, path + [nxt])):
                 return found
         state[node] = 2
@@ -91,15 +98,22 @@ def test_every_import_goes_down_the_layers():
 
 
 def test_the_layer_check_catches_an_upward_import():
-    edges = {"helpers.data.mnist": {"helpers.training.models"}, "helpers.config": set(),
-             "tools.course.grade": {"bench.workload", "helpers.cluster.run"}}
+    edges = {
+        "helpers.data.mnist": {"helpers.training.models"},
+        "helpers.config": set(),
+        "tools.course.grade": {"bench.workload", "helpers.cluster.run"},
+    }
     assert upward(edges) == [
         "helpers.data.mnist (layer 2) imports helpers.training.models (layer 3)",
-        "tools.course.grade (layer 6) imports bench.workload (layer 7)"]
+        "tools.course.grade (layer 6) imports bench.workload (layer 7)",
+    ]
     assert layer("helpers.doctor") == 5 and layer("helpers.plots") == 0
 
 
 def test_no_module_is_too_long_to_read():
-    long = {str(p.relative_to(REPO_ROOT)): n for p in _modules().values()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(REPO_ROOT)): n
+        for p in _modules().values()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"split these modules (over {MAX_LINES} lines): {long}"

@@ -1,4 +1,5 @@
 """Batch schedules and index plans."""
+
 import numpy as np
 import pytest
 

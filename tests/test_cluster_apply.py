@@ -1,5 +1,6 @@
 """The PS's update rule (update.apply_update) against NumPy: SGD and momentum, one push or a
 weighted sum of several, on local TF variables (no cluster needed)."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -22,10 +23,16 @@ def test_apply_update_matches_the_formula_over_several_steps(momentum):
     for step in range(5):
         pushes = [[rng.normal(size=x.shape).astype(np.float32) for x in w] for _ in range(3)]
         weights = [1.0] if step == 0 else [0.5, 0.3, 0.2]
-        pushes = pushes[:len(weights)]
-        apply_update([p.handle for p in params], version.handle,
-                     [[tf.constant(g) for g in push] for push in pushes], weights, 0.1, momentum,
-                     [v.handle for v in velocity])
+        pushes = pushes[: len(weights)]
+        apply_update(
+            [p.handle for p in params],
+            version.handle,
+            [[tf.constant(g) for g in push] for push in pushes],
+            weights,
+            0.1,
+            momentum,
+            [v.handle for v in velocity],
+        )
         for i in range(len(w)):
             g = sum(wt * push[i] for wt, push in zip(weights, pushes))
             ref_v[i] = momentum * ref_v[i] + g if momentum else g
@@ -36,9 +43,14 @@ def test_apply_update_matches_the_formula_over_several_steps(momentum):
 
 
 def test_pack_and_unpack_round_trip_mixed_dtypes():
-    tensors = [tf.constant([1, -2, 2**40, -(2**62)], tf.int64), tf.ones((2, 3)),
-               tf.constant([7, -8], tf.int32), tf.fill((5,), 2.5), tf.constant([0.5, 3], tf.float16),
-               tf.constant(-3, tf.int64)]
+    tensors = [
+        tf.constant([1, -2, 2**40, -(2**62)], tf.int64),
+        tf.ones((2, 3)),
+        tf.constant([7, -8], tf.int32),
+        tf.fill((5,), 2.5),
+        tf.constant([0.5, 3], tf.float16),
+        tf.constant(-3, tf.int64),
+    ]
     shapes = [tuple(t.shape) for t in tensors]
     packed = pack_by_dtype(tensors)
     # integers travel as float32 words beside the floats: one transfer, plus one for float16
@@ -55,8 +67,9 @@ def test_apply_update_orders_the_version_after_the_writes_in_a_tf_function():
 
     @tf.function
     def apply_and_read(lr):
-        bumped = apply_update([v.handle for v in w], version.handle,
-                              [[tf.ones((3,)), tf.ones((2,))]], [1.0], lr)
+        bumped = apply_update(
+            [v.handle for v in w], version.handle, [[tf.ones((3,)), tf.ones((2,))]], [1.0], lr
+        )
         with tf.control_dependencies([bumped]):
             return version.read_value(), [v.read_value() for v in w]
 

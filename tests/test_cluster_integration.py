@@ -5,6 +5,7 @@ Sizes are small (logistic regression on a 6,000-image MNIST subset, 150 PS updat
 the whole file runs in a few minutes on 2 cores; clusters are reused across tests. The tests of
 the shared cluster run twice: with one PS task, and with the parameters sharded over two.
 """
+
 import _thread
 import json
 import os
@@ -22,13 +23,13 @@ import pandas as pd
 import psutil
 import pytest
 
-from helpers.training import compression
 from helpers.cluster import ClusterError, LocalCluster, protocol, timeline, wire
 from helpers.cluster.dashboard import render_html
-from helpers.cluster.runstate import RunState
 from helpers.cluster.events import StepStamps
+from helpers.cluster.runstate import RunState
 from helpers.system import netns
 from helpers.system.processes import log_tail
+from helpers.training import compression
 from tests.process_cleanup import end_parent_and_pids
 
 # starts real TF clusters of OS processes: `make unit` leaves it out
@@ -38,8 +39,9 @@ STEPS = 150
 MIN_ACCURACY = 0.78  # logistic regression reaches ~0.85 on this subset in 150 updates
 # lr 0.2, not larger: at lr 0.5 the last iterate swings from 0.58 to 0.86 between identical
 # SSP runs (measured 10 runs); at 0.2 it stays within 0.84-0.85 (8 runs)
-COMMON = dict(steps=STEPS, batch_size=64, lr=0.2, train_size=6000, test_size=2000,
-              progress=False, seed=0)
+COMMON = dict(
+    steps=STEPS, batch_size=64, lr=0.2, train_size=6000, test_size=2000, progress=False, seed=0
+)
 
 
 THREE = dict(workers=3, worker_ids=[0, 1, 2])  # the mode tests; worker 3 is spare for faults
@@ -74,26 +76,28 @@ def check_views(run, tmp_path):
     for e in ev.drop(columns="source").to_dict("records"):
         e = {k: v for k, v in e.items() if not (np.isscalar(v) and pd.isna(v))}
         state.feed([e])
-        waiting += [(w, e["t"]) for w in state.workers
-                    if state.doing(w, e["t"]) == "waiting for a token"]
+        waiting += [
+            (w, e["t"]) for w in state.workers if state.doing(w, e["t"]) == "waiting for a token"
+        ]
     frame = state.frame()
     assert frame["finished"] and frame["ps"]["updates"] == len(up) == run.config.steps
     assert frame["ps"]["drops"] == (ev.kind == "drop").sum()
-    assert {r["worker"]: r["clock"] for r in frame["workers"]} == \
-        (st.groupby("worker").step.max() + 1).to_dict()
+    assert {r["worker"]: r["clock"] for r in frame["workers"]} == (
+        st.groupby("worker").step.max() + 1
+    ).to_dict()
     if run.config.mode in ("sync", "ssp", "backup"):
         assert waiting, "a waiting mode with a straggler or a barrier shows waits"
     # a worker said to wait really did: the PS granted its next step only after that moment
-    granted = {(int(e.worker), int(e.step)): StepStamps(*e.stamps).granted
-               for e in st.itertuples()}
+    granted = {(int(e.worker), int(e.step)): StepStamps(*e.stamps).granted for e in st.itertuples()}
     clock_at = {}
     for w, t in waiting:
         done = st[(st.worker == w) & (st.t <= t)].step.max()
         nxt = (w, int(done) + 1 if not pd.isna(done) else 0)
         if nxt in granted:
             clock_at[nxt] = min(clock_at.get(nxt, t), t)
-    late = [(k, g - clock_at[k]) for k, g in granted.items()
-            if k in clock_at and g < clock_at[k] - 1e-3]
+    late = [
+        (k, g - clock_at[k]) for k, g in granted.items() if k in clock_at and g < clock_at[k] - 1e-3
+    ]
     assert not late, f"granted before the dashboard's wait ended: {late[:5]}"
     # the timeline: every step has its compute phase; a worker's phases never overlap
     sp = timeline.spans(ev)
@@ -103,8 +107,9 @@ def check_views(run, tmp_path):
         assert (mine.start.to_numpy()[1:] >= mine.end.to_numpy()[:-1] - 1e-6).all(), w
     # the Chrome trace, loaded back
     trace = json.loads(run.to_chrome_trace(tmp_path / "run.trace.json").read_text())
-    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
-             if e.get("name") == "thread_name"}
+    names = {
+        e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"
+    }
     for w in run.config.worker_ids:
         assert names[w + 1] == f"worker {w}"
         mine = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == w + 1]
@@ -139,18 +144,19 @@ def test_async_downpour_trains_and_records_staleness(cluster, tmp_path):
     assert state.frame()["ps"]["pending pushes"] is None  # async applies in the worker's call
 
 
-def test_async_workers_apply_under_numbered_tickets_with_schedule_momentum_and_checkpoints(
-        cluster):
+def test_async_workers_apply_under_numbered_tickets_with_schedule_momentum_and_checkpoints(cluster):
     """async: the workers apply their own gradients on the PS; the PS's tickets number every
     update once, give it the schedule's learning rate, and stop at each checkpoint."""
     schedule = {"name": "piecewise", "boundaries": [50, 100], "values": [0.1, 0.05, 0.02]}
-    run = cluster.train(mode="async", lr_schedule=schedule, momentum=0.5, checkpoint_every=25,
-                        **THREE, **COMMON)
+    run = cluster.train(
+        mode="async", lr_schedule=schedule, momentum=0.5, checkpoint_every=25, **THREE, **COMMON
+    )
     assert run.test_accuracy > MIN_ACCURACY
     up = updates(run)
     assert up.version.tolist() == list(range(1, STEPS + 1))
     assert up.lr.tolist() == pytest.approx(
-        [protocol.learning_rate(COMMON["lr"], schedule, v - 1) for v in up.version])
+        [protocol.learning_rate(COMMON["lr"], schedule, v - 1) for v in up.version]
+    )
     assert set(w for row in up.workers for w in row) == {0, 1, 2}
     ev = run.events
     ps = ev[ev.source == "ps-0"].reset_index(drop=True)
@@ -201,8 +207,9 @@ def test_ssp_gap_never_exceeds_staleness(cluster, tmp_path):
 
 def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster, tmp_path):
     k, decay = 2, 0.5
-    run = cluster.train(mode="backup", k=k, stale="fold", decay=decay, stragglers={2: 3.0}, **THREE,
-                        **COMMON)
+    run = cluster.train(
+        mode="backup", k=k, stale="fold", decay=decay, stragglers={2: 3.0}, **THREE, **COMMON
+    )
     assert run.test_accuracy > MIN_ACCURACY
     folded = 0
     for _, row in updates(run).iterrows():
@@ -221,8 +228,15 @@ def test_backup_fold_uses_k_fresh_and_decaying_stale_weights(cluster, tmp_path):
 
 
 def test_backup_drop_discards_late_gradients(cluster, tmp_path):
-    run = cluster.train(mode="backup", k=2, stale="drop", stragglers={2: 3.0},
-                        checkpoint_every=10, **THREE, **COMMON)
+    run = cluster.train(
+        mode="backup",
+        k=2,
+        stale="drop",
+        stragglers={2: 3.0},
+        checkpoint_every=10,
+        **THREE,
+        **COMMON,
+    )
     assert run.test_accuracy > MIN_ACCURACY
     for _, row in updates(run).iterrows():
         assert row.fresh == [True, True] and row.versions == [row.version - 1] * 2
@@ -252,12 +266,11 @@ def test_compressed_pushes_send_fewer_bytes_and_still_train(cluster):
         assert set(pushed) == {payload + 32}, spec  # + the int64[4] header
         assert compression.from_spec(spec).bytes_for(pieces) == payload
         if cluster.isolated:  # the network really carried less: pulls are unchanged
-            saved = (plain.summary()["bytes_pushed"] - run.summary()["bytes_pushed"])
+            saved = plain.summary()["bytes_pushed"] - run.summary()["bytes_pushed"]
             assert plain.summary()["loopback_bytes"] - run.summary()["loopback_bytes"] > saved / 2
 
 
-def test_logreg_trains_on_dbpedia_features_from_a_file(cluster, shared_data, tmp_path,
-                                                      monkeypatch):
+def test_logreg_trains_on_dbpedia_features_from_a_file(cluster, shared_data, tmp_path, monkeypatch):
     """data= an .npz of features: here hashed bag-of-words of real DBpedia articles."""
     from sklearn.feature_extraction.text import HashingVectorizer
 
@@ -272,19 +285,25 @@ def test_logreg_trains_on_dbpedia_features_from_a_file(cluster, shared_data, tmp
         parts[f"y_{split}"] = df.label.to_numpy()
     path = tmp_path / "dbpedia_features.npz"
     np.savez(path, **parts)
-    run = cluster.train(mode="sync", data=str(path), **THREE,
-                        **dict(COMMON, lr=1.0, train_size=None, test_size=None))
+    run = cluster.train(
+        mode="sync",
+        data=str(path),
+        **THREE,
+        **dict(COMMON, lr=1.0, train_size=None, test_size=None),
+    )
     assert run.test_accuracy > 0.5  # 14 classes: chance is 0.07; 0.71 measured
     assert set(steps_of(run).bytes_pulled) == {4 * (1024 * 14 + 14)}  # a 1024 -> 14 layer
 
 
 def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster, capsys):
     spec = {2: {"dist": "exponential", "mean": 0.005}}
-    runs = [cluster.train(mode="sync", stragglers=spec, **THREE,
-                          **dict(COMMON, steps=20, progress=live))
-            for live in ("text", True)]  # outside a kernel, True draws text too
-    delays = [steps_of(r).query("worker == 2").sort_values("step").delay_s.tolist()
-              for r in runs]
+    runs = [
+        cluster.train(
+            mode="sync", stragglers=spec, **THREE, **dict(COMMON, steps=20, progress=live)
+        )
+        for live in ("text", True)
+    ]  # outside a kernel, True draws text too
+    delays = [steps_of(r).query("worker == 2").sort_values("step").delay_s.tolist() for r in runs]
     assert delays[0] == delays[1] and len(delays[0]) == 20 and min(delays[0]) > 0
     assert steps_of(runs[0]).query("worker == 0").delay_s.eq(0).all()
     # the dashboard's text lines, the last of each run its final state
@@ -296,8 +315,9 @@ def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster, caps
     slept = sp[sp.phase == "delay"]
     assert set(slept.worker) == {2}
     assert (slept.end - slept.start).sum() == pytest.approx(sum(delays[0]))
-    with pytest.raises(ValueError, match="progress must be True, False, 'widget' or 'text', "
-                                         "got 'yes'"):
+    with pytest.raises(
+        ValueError, match="progress must be True, False, 'widget' or 'text', got 'yes'"
+    ):
         cluster.train(mode="sync", **THREE, **dict(COMMON, progress="yes"))
 
 
@@ -315,17 +335,23 @@ def test_the_invariants_hold_with_three_ps_tasks(shared_data, tmp_path):
 
 def test_isolated_cluster_listens_on_no_host_port(cluster):
     if not cluster.isolated:
-        pytest.skip("unprivileged user namespaces are not permitted on this machine, so the "
-                    "cluster runs unisolated (LocalCluster warned about it)")
-    ports = [int(a.rsplit(":")[1])
-             for a in json.loads((cluster.dir / "cluster.json").read_text())["ps"]]
+        pytest.skip(
+            "unprivileged user namespaces are not permitted on this machine, so the "
+            "cluster runs unisolated (LocalCluster warned about it)"
+        )
+    ports = [
+        int(a.rsplit(":")[1]) for a in json.loads((cluster.dir / "cluster.json").read_text())["ps"]
+    ]
     assert len(ports) == cluster.ps
     # inside the namespace each PS task listens on its port ...
     assert set(ports) <= set(cluster.network.listening_ports())
     # ... while the host namespace has no listening socket of any cluster process
     cluster_pids = set(cluster.pids.values())
-    host = [c for c in psutil.net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and c.pid in cluster_pids]
+    host = [
+        c
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in cluster_pids
+    ]
     assert host == []
     for port in ports:
         with socket.socket() as s:
@@ -345,8 +371,7 @@ def test_not_permitted_isolation_warns_once_or_raises(monkeypatch):
 
 
 def test_async_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
-    run = cluster.train(mode="ssp", staleness=1, faults={3: {"kind": "kill", "at": 20}},
-                        **COMMON)
+    run = cluster.train(mode="ssp", staleness=1, faults={3: {"kind": "kill", "at": 20}}, **COMMON)
     assert run.dead_workers == [3]
     # sharded, SSP's updates each take a remote call of PS task 0 to both tasks (~2-3 ms here
     # against ~0.3 ms of local ops): with 4 workers pushes queue at task 0, and the mean
@@ -356,12 +381,23 @@ def test_async_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
     assert len(updates(run)) == STEPS and run.test_accuracy > bar
     st = steps_of(run)
     assert st[st.worker == 3].step.max() < 20 and st.gap.max() <= 1
-    run = cluster.train(mode="async", workers=3, worker_ids=[0, 1, 2],
-                        faults={2: {"kind": "kill", "at": 20}}, **COMMON)
+    run = cluster.train(
+        mode="async",
+        workers=3,
+        worker_ids=[0, 1, 2],
+        faults={2: {"kind": "kill", "at": 20}},
+        **COMMON,
+    )
     assert run.dead_workers == [2] and len(updates(run)) == STEPS  # this run's, not 3 from before
     assert (updates(run).workers.apply(lambda ws: ws[0]) != 2).sum() > STEPS // 2
-    run = cluster.train(mode="backup", k=1, workers=2, worker_ids=[0, 1],
-                        faults={1: {"kind": "kill", "at": 20}}, **COMMON)
+    run = cluster.train(
+        mode="backup",
+        k=1,
+        workers=2,
+        worker_ids=[0, 1],
+        faults={1: {"kind": "kill", "at": 20}},
+        **COMMON,
+    )
     assert run.dead_workers == [1] and len(updates(run)) == STEPS
     assert cluster.dead_workers == {1, 2, 3}  # the cluster remembers them all
 
@@ -383,8 +419,11 @@ def test_bad_config_raises_before_anything_starts():
         LocalCluster(workers=0)
     with pytest.raises(ValueError, match="isolate must be"):
         LocalCluster(workers=1, isolate="maybe")
-    with pytest.raises(ValueError, match=r"ps must be an integer >= 1 \(the number of PS "
-                                         r"tasks\), got 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"ps must be an integer >= 1 \(the number of PS "
+        r"tasks\), got 0",
+    ):
         LocalCluster(workers=1, ps=0)
 
 
@@ -394,21 +433,31 @@ def test_killed_ps_fails_fast_naming_it(cluster):
     parameters); async stops handing out tickets at any PS task's fault."""
     pids = list(cluster.pids.values())
     task = cluster.ps - 1
-    with pytest.raises(ValueError, match=rf"faults \['ps:{cluster.ps}'\] name PS tasks this "
-                                         rf"cluster does not have: it has ps={cluster.ps}"):
-        cluster.train(mode="sync", faults={f"ps:{cluster.ps}": {"kind": "kill", "at": 3}},
-                      **COMMON)
+    with pytest.raises(
+        ValueError,
+        match=rf"faults \['ps:{cluster.ps}'\] name PS tasks this "
+        rf"cluster does not have: it has ps={cluster.ps}",
+    ):
+        cluster.train(mode="sync", faults={f"ps:{cluster.ps}": {"kind": "kill", "at": 3}}, **COMMON)
     with pytest.raises(ClusterError, match=rf"ps:{task} \(pid \d+\) killed by SIGKILL") as err:
-        cluster.train(mode="async", run_id=f"{cluster.name}-killed", checkpoint_every=10,
-                      faults={f"ps:{task}": {"kind": "kill", "at": 35}}, **COMMON)
+        cluster.train(
+            mode="async",
+            run_id=f"{cluster.name}-killed",
+            checkpoint_every=10,
+            faults={f"ps:{task}": {"kind": "kill", "at": 35}},
+            **COMMON,
+        )
     assert "(this run) ---" in str(err.value)  # the tail starts where this run began
     events = (cluster.dir.parent / f"{cluster.name}-killed" / "ps-0.jsonl").read_text()
     faults = [json.loads(line) for line in events.splitlines() if '"fault"' in line]
     assert [(f["version"], f["ps"]) for f in faults] == [(35, task)]  # once, where it was due
     assert time.time() - faults[0]["t"] < 10  # the error came within 10 s of the death
     assert cluster.procs == {}
-    assert not [p for p in pids if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def interrupt_when_training(c):
@@ -418,6 +467,7 @@ def interrupt_when_training(c):
     a process started in the background by a non-interactive shell: the caller installs
     Python's default handler for the duration (see the test).
     """
+
     def watch():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -440,16 +490,19 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
         with pytest.raises(KeyboardInterrupt):
             # resumed on the other number of PS tasks: checkpoints hold whole variables
             with LocalCluster(workers=1, isolate="auto", evaluator=True, ps=3 - cluster.ps) as c:
-                run = c.train(mode="async", run_id=run_id, resume=True, checkpoint_every=40,
-                              **COMMON)
+                run = c.train(
+                    mode="async", run_id=run_id, resume=True, checkpoint_every=40, **COMMON
+                )
                 pids = list(c.pids.values())
                 interrupt_when_training(c)  # a Jupyter kernel interrupt during a run
                 # bounded, so that a lost interrupt fails the test instead of hanging it
                 c.train(mode="sync", **dict(COMMON, steps=20_000))
     finally:
         signal.signal(signal.SIGINT, previous)
-    gone = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
-                             timeout=10)[1] == []
+    gone = (
+        psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10)[1]
+        == []
+    )
     assert gone and c.procs == {} and not c.isolated
     ev = run.events
     resumed_at = ev[(ev.kind == "resume")].version.iloc[-1]
@@ -507,17 +560,34 @@ def _updates_so_far(run_dir) -> int:
         return 0
 
 
-@pytest.mark.parametrize("when, pdeathsig, ps", [
-    ("idle", "0", 1), ("mid-run", "0", 1), ("idle", "1", 1), ("mid-run", "1", 1),
-    ("mid-run", "0", 2)], ids=["idle-lifeline-only", "mid-run-lifeline-only", "idle-with-prctl",
-                               "mid-run-with-prctl", "mid-run-lifeline-only-2ps"])
+@pytest.mark.parametrize(
+    "when, pdeathsig, ps",
+    [
+        ("idle", "0", 1),
+        ("mid-run", "0", 1),
+        ("idle", "1", 1),
+        ("mid-run", "1", 1),
+        ("mid-run", "0", 2),
+    ],
+    ids=[
+        "idle-lifeline-only",
+        "mid-run-lifeline-only",
+        "idle-with-prctl",
+        "mid-run-with-prctl",
+        "mid-run-lifeline-only-2ps",
+    ],
+)
 def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when, pdeathsig, ps):
     """LABS_PDEATHSIG=0 leaves only the portable lifeline (as on macOS): 0 survivors, idle and
     in the middle of a run; with Linux's prctl as well, the same; and with two PS tasks."""
     env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path), LABS_PDEATHSIG=pdeathsig)
-    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, when, str(ps)],
-                              stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_SCRIPT, when, str(ps)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     pids = []
     try:
         line = parent.stdout.readline()
@@ -531,8 +601,9 @@ def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when
                 time.sleep(0.2)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-        survivors = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
-                                      timeout=20)[1]
+        survivors = psutil.wait_procs(
+            [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20
+        )[1]
         assert survivors == [], f"orphans left running: {[p.pid for p in survivors]}"
     finally:
         end_parent_and_pids(parent, pids)  # by PID, whatever the test found
@@ -543,17 +614,30 @@ def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
     reason = netns.unavailable_reason()
     if reason:  # the PS listens on all interfaces: keep it inside a private namespace
         pytest.skip(reason)
-    (tmp_path / "cluster.json").write_text(json.dumps(
-        {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}))  # no worker will start
-    cfg = protocol.validate(protocol.RunConfig(workers=1, mode="sync", steps=10,
-                                               worker_timeout=3, run_id="silent"))
+    (tmp_path / "cluster.json").write_text(
+        json.dumps({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]})
+    )  # no worker will start
+    cfg = protocol.validate(
+        protocol.RunConfig(workers=1, mode="sync", steps=10, worker_timeout=3, run_id="silent")
+    )
     (tmp_path / "run.json").write_text(json.dumps(cfg.to_dict()))
     t0 = time.monotonic()
     ps = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
-         f"ip link set lo up && exec {sys.executable} -m helpers.cluster.node --cluster "
-         f"{tmp_path / 'cluster.json'} --job ps --task 0 --run {tmp_path / 'run.json'}"],
-        capture_output=True, text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--net",
+            "sh",
+            "-c",
+            f"ip link set lo up && exec {sys.executable} -m helpers.cluster.node --cluster "
+            f"{tmp_path / 'cluster.json'} --job ps --task 0 --run {tmp_path / 'run.json'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert ps.returncode != 0
     assert "no message from any worker for worker_timeout=3 s (last heard: worker 0" in ps.stderr
     assert time.monotonic() - t0 < 60
@@ -580,31 +664,70 @@ def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_d
 
     holder = "ip link set lo up && echo ready && exec cat"
     try:
-        host_a = spawn(["unshare", "--user", "--map-root-user", "--net", "sh", "-c", holder],
-                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        host_a = spawn(
+            ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", holder],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         assert host_a.stdout.readline().strip() == b"ready"
-        host_b = spawn(enter(host_a.pid) + ["unshare", "--net", "sh", "-c", holder],
-                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        host_b = spawn(
+            enter(host_a.pid) + ["unshare", "--net", "sh", "-c", holder],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         assert host_b.stdout.readline().strip() == b"ready"
-        subprocess.run(enter(host_a.pid) + ["sh", "-c", f"ip link add va type veth peer name vb "
-                       f"&& ip link set vb netns {host_b.pid} && ip addr add 10.9.0.1/24 dev va "
-                       f"&& ip link set va up"], check=True, timeout=30)
-        subprocess.run(enter(host_b.pid) + ["sh", "-c", "ip addr add 10.9.0.2/24 dev vb && "
-                       "ip link set vb up"], check=True, timeout=30)
-        (tmp_path / "cluster.json").write_text(json.dumps(
-            {"ps": ["10.9.0.1:2222", "10.9.0.2:2223"][:ps], "worker": ["10.9.0.2:2222"]}))
-        cfg = protocol.validate(protocol.RunConfig(workers=1, mode="sync", steps=60, lr=0.5,
-                                                   run_id="veth", train_size=3000))
+        subprocess.run(
+            enter(host_a.pid)
+            + [
+                "sh",
+                "-c",
+                f"ip link add va type veth peer name vb "
+                f"&& ip link set vb netns {host_b.pid} && ip addr add 10.9.0.1/24 dev va "
+                f"&& ip link set va up",
+            ],
+            check=True,
+            timeout=30,
+        )
+        subprocess.run(
+            enter(host_b.pid) + ["sh", "-c", "ip addr add 10.9.0.2/24 dev vb && ip link set vb up"],
+            check=True,
+            timeout=30,
+        )
+        (tmp_path / "cluster.json").write_text(
+            json.dumps({"ps": ["10.9.0.1:2222", "10.9.0.2:2223"][:ps], "worker": ["10.9.0.2:2222"]})
+        )
+        cfg = protocol.validate(
+            protocol.RunConfig(
+                workers=1, mode="sync", steps=60, lr=0.5, run_id="veth", train_size=3000
+            )
+        )
         (tmp_path / "run.json").write_text(json.dumps(cfg.to_dict()))
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         nodes = []
         roles = [(host_a, "ps", 0), (host_b, "worker", 0)] + [(host_b, "ps", 1)] * (ps == 2)
         for host, job, task in roles:
             log = open(tmp_path / f"{job}{task}.log", "wb")
-            nodes.append(spawn(enter(host.pid) + [
-                sys.executable, "-m", "helpers.cluster.node", "--cluster",
-                str(tmp_path / "cluster.json"), "--job", job, "--task", str(task),
-                "--run", str(tmp_path / "run.json")], stdout=subprocess.PIPE, stderr=log, env=env))
+            nodes.append(
+                spawn(
+                    enter(host.pid)
+                    + [
+                        sys.executable,
+                        "-m",
+                        "helpers.cluster.node",
+                        "--cluster",
+                        str(tmp_path / "cluster.json"),
+                        "--job",
+                        job,
+                        "--task",
+                        str(task),
+                        "--run",
+                        str(tmp_path / "run.json"),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=env,
+                )
+            )
             log.close()
         outputs = [n.communicate(timeout=150)[0] for n in nodes]
         tails = [log_tail(tmp_path / f"{j}{t}.log") for _, j, t in roles]

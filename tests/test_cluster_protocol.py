@@ -1,4 +1,5 @@
 """Pure-Python tests of the cluster protocol rules (no TensorFlow, no processes)."""
+
 import re
 import subprocess
 import sys
@@ -16,14 +17,17 @@ def test_protocol_module_does_not_import_tensorflow():
 
 
 # ------------------------------------------------------------------------- SSP gate
-@pytest.mark.parametrize("clock,clocks,s,ok", [
-    (0, [0, 0, 0], 0, True),
-    (1, [1, 0, 1], 0, False),
-    (1, [1, 0, 1], 1, True),
-    (4, [4, 1, 2], 2, False),
-    (3, [3, 1, 2], 2, True),
-    (7, [], 0, True),
-])
+@pytest.mark.parametrize(
+    "clock,clocks,s,ok",
+    [
+        (0, [0, 0, 0], 0, True),
+        (1, [1, 0, 1], 0, False),
+        (1, [1, 0, 1], 1, True),
+        (4, [4, 1, 2], 2, False),
+        (3, [3, 1, 2], 2, True),
+        (7, [], 0, True),
+    ],
+)
 def test_ssp_gate(clock, clocks, s, ok):
     assert protocol.ssp_may_step(clock, clocks, s) is ok
 
@@ -34,8 +38,11 @@ def test_ssp_grants_agree_with_the_gate():
         for lo in range(5):
             for granted in range(12):
                 more = protocol.ssp_grants(granted, [lo, lo + 2], s)
-                allowed = [c for c in range(granted, granted + 20)
-                           if protocol.ssp_may_step(c, [lo, lo + 2], s)]
+                allowed = [
+                    c
+                    for c in range(granted, granted + 20)
+                    if protocol.ssp_may_step(c, [lo, lo + 2], s)
+                ]
                 assert more == len(allowed)
 
 
@@ -151,41 +158,49 @@ def test_lr_schedules_match_keras():
     ref = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
     inv = keras.optimizers.schedules.InverseTimeDecay(0.1, decay_steps=10, decay_rate=0.5)
     for step in (0, 7, 33):
-        assert protocol.learning_rate(0.1, {"name": "exponential", "decay_steps": 10,
-                                            "decay_rate": 0.5}, step) == pytest.approx(
-            float(ref(step)))
-        assert protocol.learning_rate(0.1, {"name": "inverse_time", "decay_steps": 10,
-                                            "decay_rate": 0.5}, step) == pytest.approx(
-            float(inv(step)))
+        assert protocol.learning_rate(
+            0.1, {"name": "exponential", "decay_steps": 10, "decay_rate": 0.5}, step
+        ) == pytest.approx(float(ref(step)))
+        assert protocol.learning_rate(
+            0.1, {"name": "inverse_time", "decay_steps": 10, "decay_rate": 0.5}, step
+        ) == pytest.approx(float(inv(step)))
 
 
 # ------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(workers=0), "workers must be an integer >= 1, got 0"),
-    (dict(workers=2, mode="bogus"), "unknown mode 'bogus'"),
-    (dict(workers=2, model="resnet"), "unknown model 'resnet'"),
-    (dict(workers=2, steps=0), "steps must be an integer >= 1, got 0"),
-    (dict(workers=2, mode="ssp", staleness=-1), "staleness must be >= 0, got -1"),
-    (dict(workers=2, mode="backup", k=3), "k must be between 1 and workers=2, got 3"),
-    (dict(workers=2, mode="backup", k=0), "k must be between 1 and workers=2, got 0"),
-    (dict(workers=2, mode="backup", stale="keep"), "stale must be 'drop' or 'fold'"),
-    (dict(workers=2, mode="backup", decay=1.5), "decay must be in"),
-    (dict(workers=2, lr=-1), "lr must be a positive number"),
-    (dict(workers=2, mode="sync", n_push=2), "n_fetch/n_push apply to mode='async' only"),
-    (dict(workers=2, n_fetch=0), "n_fetch must be an integer >= 1"),
-    (dict(workers=2, stragglers={5: 2.0}), "straggler worker 5"),
-    (dict(workers=2, stragglers={1: 0.5}), "slowdown factor must be >= 1"),
-    (dict(workers=2, faults={"ps": {"kind": "explode", "at": 3}}), "a fault is"),
-    (dict(workers=2, faults={"ps:x": {"kind": "kill", "at": 3}}),
-     "faults are keyed by 'ps' (PS task 0), 'ps:J' (PS task J of a sharded cluster) or a "
-     "worker in [0, 1], got 'ps:x'"),
-    (dict(workers=2, data="imagenet"), "data must be 'mnist'"),
-    (dict(workers=4, batch_size=64, train_size=100), "raise train_size"),
-    (dict(workers=2, resume=True), "resume=True needs the run_id"),
-    (dict(workers=2, worker_timeout=-1), "worker_timeout must be a number of seconds >= 0"),
-    (dict(workers=2, compress="int8"), "compress must be None, 'float16' or {'topk': fraction}"),
-    (dict(workers=2, compress={"topk": 0}), "top-k fraction must be in (0, 1], got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(workers=0), "workers must be an integer >= 1, got 0"),
+        (dict(workers=2, mode="bogus"), "unknown mode 'bogus'"),
+        (dict(workers=2, model="resnet"), "unknown model 'resnet'"),
+        (dict(workers=2, steps=0), "steps must be an integer >= 1, got 0"),
+        (dict(workers=2, mode="ssp", staleness=-1), "staleness must be >= 0, got -1"),
+        (dict(workers=2, mode="backup", k=3), "k must be between 1 and workers=2, got 3"),
+        (dict(workers=2, mode="backup", k=0), "k must be between 1 and workers=2, got 0"),
+        (dict(workers=2, mode="backup", stale="keep"), "stale must be 'drop' or 'fold'"),
+        (dict(workers=2, mode="backup", decay=1.5), "decay must be in"),
+        (dict(workers=2, lr=-1), "lr must be a positive number"),
+        (dict(workers=2, mode="sync", n_push=2), "n_fetch/n_push apply to mode='async' only"),
+        (dict(workers=2, n_fetch=0), "n_fetch must be an integer >= 1"),
+        (dict(workers=2, stragglers={5: 2.0}), "straggler worker 5"),
+        (dict(workers=2, stragglers={1: 0.5}), "slowdown factor must be >= 1"),
+        (dict(workers=2, faults={"ps": {"kind": "explode", "at": 3}}), "a fault is"),
+        (
+            dict(workers=2, faults={"ps:x": {"kind": "kill", "at": 3}}),
+            "faults are keyed by 'ps' (PS task 0), 'ps:J' (PS task J of a sharded cluster) or a "
+            "worker in [0, 1], got 'ps:x'",
+        ),
+        (dict(workers=2, data="imagenet"), "data must be 'mnist'"),
+        (dict(workers=4, batch_size=64, train_size=100), "raise train_size"),
+        (dict(workers=2, resume=True), "resume=True needs the run_id"),
+        (dict(workers=2, worker_timeout=-1), "worker_timeout must be a number of seconds >= 0"),
+        (
+            dict(workers=2, compress="int8"),
+            "compress must be None, 'float16' or {'topk': fraction}",
+        ),
+        (dict(workers=2, compress={"topk": 0}), "top-k fraction must be in (0, 1], got 0"),
+    ],
+)
 def test_validation_rejects_bad_configs(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         validate(RunConfig(**kwargs))
@@ -210,7 +225,10 @@ def test_event_tail_returns_each_complete_line_once(tmp_path):
         f.write('{"t": 1.0, "kind": "step", "step": 0}\n{"t": 2.0, "kind": "st')  # mid-write
     first = tail.read()
     assert [(e["source"], e["kind"]) for e in first] == [
-        ("ps-0", "joined"), ("ps-0", "update"), ("worker-0", "step")]
+        ("ps-0", "joined"),
+        ("ps-0", "update"),
+        ("worker-0", "step"),
+    ]
     with open(tmp_path / "worker-0.jsonl", "a") as f:
         f.write('ep", "step": 1}\n')
     assert [(e["source"], e["step"]) for e in tail.read()] == [("worker-0", 1)]
@@ -227,12 +245,23 @@ def test_wire_header_and_token_are_the_queue_shapes():
 
 
 # ------------------------------------------------------------------------- sharding plan
-LENET = [(5, 5, 1, 6), (6,), (5, 5, 6, 16), (16,), (784, 120), (120,), (120, 84), (84,),
-         (84, 10), (10,)]
+LENET = [
+    (5, 5, 1, 6),
+    (6,),
+    (5, 5, 6, 16),
+    (16,),
+    (784, 120),
+    (120,),
+    (120, 84),
+    (84,),
+    (84, 10),
+    (10,),
+]
 
 
-@pytest.mark.parametrize("shapes", [[(784, 10), (10,)], LENET, [(784, 1024), (1024,),
-                                                                 (1024, 1024), (1024,)]])
+@pytest.mark.parametrize(
+    "shapes", [[(784, 10), (10,)], LENET, [(784, 1024), (1024,), (1024, 1024), (1024,)]]
+)
 @pytest.mark.parametrize("tasks", [1, 2, 3])
 def test_plan_covers_every_row_once_and_balances_the_tasks(shapes, tasks):
     import math

@@ -1,5 +1,6 @@
 """Gradient compressors against NumPy references: float16 rounding, top-k selection and the
 error-feedback invariant (what was not sent is sent later)."""
+
 import re
 
 import numpy as np
@@ -12,8 +13,10 @@ from helpers.training.compression import Float16, Float32, TopK
 
 def grads(seed):
     rng = np.random.default_rng(seed)
-    return [tf.constant(rng.normal(size=(6, 5)).astype(np.float32)),
-            tf.constant(rng.normal(size=(5,)).astype(np.float32))]
+    return [
+        tf.constant(rng.normal(size=(6, 5)).astype(np.float32)),
+        tf.constant(rng.normal(size=(5,)).astype(np.float32)),
+    ]
 
 
 def test_float16_rounds_like_numpy_and_halves_the_bytes():
@@ -69,11 +72,14 @@ def test_the_wire_format_is_what_bytes_for_counts_and_decodes_back(spec):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("int8", "compress must be None, 'float16' or {'topk': fraction}, got 'int8'"),
-    ({"topk": 1.5}, "top-k fraction must be in (0, 1], got 1.5"),
-    ({"top_k": 0.1}, "compress must be None"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("int8", "compress must be None, 'float16' or {'topk': fraction}, got 'int8'"),
+        ({"topk": 1.5}, "top-k fraction must be in (0, 1], got 1.5"),
+        ({"top_k": 0.1}, "compress must be None"),
+    ],
+)
 def test_unknown_compression_specs_are_refused(spec, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         compression.from_spec(spec)

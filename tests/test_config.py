@@ -4,8 +4,19 @@ import pytest
 from helpers import config
 
 
-@pytest.mark.parametrize("raw,expected", [("1", True), ("true", True), ("YES", True), (" on ", True),
-                                          ("0", False), ("", False), ("False", False), ("off", False)])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        (" on ", True),
+        ("0", False),
+        ("", False),
+        ("False", False),
+        ("off", False),
+    ],
+)
 def test_env_flag_parses_usual_spellings(monkeypatch, raw, expected):
     monkeypatch.setenv("LABS_QUICK", raw)
     assert config.is_quick() is expected

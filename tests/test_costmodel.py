@@ -1,5 +1,6 @@
 """The cost model of notebook 05's sharding section: fitted from exact points it recovers its
 parameters, and its throughput is the smaller of the workers' pace and the busiest PS task's."""
+
 import math
 
 import pytest
@@ -22,8 +23,9 @@ def test_fit_recovers_the_parameters_of_exact_points():
 
 
 def test_throughput_is_the_smaller_of_workers_and_the_busiest_task():
-    cm = costmodel.CostModel(alpha_s=1e-3, beta=1e9, compute_s=4e-3, phi_s=2e-3,
-                             gamma_s=5e-10, delta_s=1e-3)
+    cm = costmodel.CostModel(
+        alpha_s=1e-3, beta=1e9, compute_s=4e-3, phi_s=2e-3, gamma_s=5e-10, delta_s=1e-3
+    )
     model = 7.5e6
     step = 4e-3 + 2 * (1e-3 + 7.5e-3)  # one task: compute, pull and push of the whole model
     assert cm.step_s(model, 1) == pytest.approx(step)
@@ -53,5 +55,7 @@ def test_task_bytes_split_the_model_and_its_pushes(tasks):
     assert per_task[0]["push"] - per_task[0]["pull"] == 32
     f16 = costmodel.task_bytes(MLP, tasks, "float16")
     pieces = wire.plan(MLP, tasks)
-    assert sum(t["push"] for t in f16) == compression.Float16().bytes_for(
-        [p.shape for p in pieces]) + 32
+    assert (
+        sum(t["push"] for t in f16)
+        == compression.Float16().bytes_for([p.shape for p in pieces]) + 32
+    )

@@ -5,6 +5,7 @@ vocabulary), notebook 06's Exercise 2 (the true stability boundary) and notebook
 Exercise 2 (Young's interval), with their real solutions, visible and hidden tests.
 Students are folders the test writes; the points are read back from the gradebook.
 """
+
 from __future__ import annotations
 
 import csv
@@ -33,12 +34,26 @@ pytestmark = pytest.mark.slow
 
 DOC2VEC, BOUNDS = "01_doc2vec_exercises", "02_convergence_exercises"
 MINI = {
-    DOC2VEC: [("01_doc2vec_dbpedia", ["from helpers.data import dbpedia", "MIN_COUNT = 2",
-                                      "train_corpus = dbpedia.DbpediaCorpus(",
-                                      "models[name] = doc2vec.train_doc2vec("], "nb01-ex2")],
-    BOUNDS: [("06_stragglers_and_backup_workers",
-              ["from helpers.cluster import LocalCluster", "def spectral_radius("], "nb06-ex2"),
-             ("07_fault_tolerance", [], "nb07-ex2")],
+    DOC2VEC: [
+        (
+            "01_doc2vec_dbpedia",
+            [
+                "from helpers.data import dbpedia",
+                "MIN_COUNT = 2",
+                "train_corpus = dbpedia.DbpediaCorpus(",
+                "models[name] = doc2vec.train_doc2vec(",
+            ],
+            "nb01-ex2",
+        )
+    ],
+    BOUNDS: [
+        (
+            "06_stragglers_and_backup_workers",
+            ["from helpers.cluster import LocalCluster", "def spectral_radius("],
+            "nb06-ex2",
+        ),
+        ("07_fault_tolerance", [], "nb07-ex2"),
+    ],
 }
 FULL = {"nb01-ex2": 2.0, "nb06-ex2": 2.0, "nb07-ex2": 2.0}
 
@@ -76,16 +91,23 @@ def mini_course(dest):
     """Write the two small lessons into `dest` and return it."""
     dest.mkdir()
     for name, parts in MINI.items():
-        nb = nbformat.v4.new_notebook(metadata=read(NOTEBOOK_DIR / "01_doc2vec_dbpedia.ipynb")
-                                      .metadata)
+        nb = nbformat.v4.new_notebook(
+            metadata=read(NOTEBOOK_DIR / "01_doc2vec_dbpedia.ipynb").metadata
+        )
         nb.cells.append(nbformat.v4.new_markdown_cell(f"# {name}"))
         for lesson, setup, exercise in parts:
             cells = read(NOTEBOOK_DIR / f"{lesson}.ipynb").cells
             for marker in setup:
                 [cell] = [c for c in cells if c.cell_type == "code" and marker in c.source]
                 nb.cells.append(cell)
-            nb.cells += [c for c in cells if c.get("metadata", {}).get("nbgrader", {})
-                         .get("grade_id", "").startswith(exercise + "-")]
+            nb.cells += [
+                c
+                for c in cells
+                if c.get("metadata", {})
+                .get("nbgrader", {})
+                .get("grade_id", "")
+                .startswith(exercise + "-")
+            ]
         for cell in nb.cells:  # cells from nbformat 4.4 lessons have no id; 4.5 wants one
             cell.setdefault("id", generate_corpus_id())
         nbformat.write(nb, str(dest / f"{name}.ipynb"))
@@ -135,26 +157,36 @@ def graded(tmp_path_factory, request):
     for name in MINI:  # ada: the reference solutions
         hand_in(subs, "ada", name, ref[name])
     hand_in(subs, "bob", DOC2VEC, rel[DOC2VEC])  # bob: the release untouched ...
-    bob = answer(answer(read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb"), "nb06-ex2",
-                        BISECTION), "nb07-ex2", GAMED)  # ... but one right, one gamed
+    bob = answer(
+        answer(read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb"), "nb06-ex2", BISECTION),
+        "nb07-ex2",
+        GAMED,
+    )  # ... but one right, one gamed
     hand_in(subs, "bob", BOUNDS, bob)
     # cora: a notebook that is not JSON, and one that starts a TF server and kills its kernel
     (subs / "cora").mkdir()
     (subs / "cora" / f"{DOC2VEC}.ipynb").write_text('{"cells": [')
-    crash = answer(answer(nbformat.from_dict(rel[BOUNDS]), "nb06-ex2", BISECTION), "nb07-ex2",
-                   CRASH)
+    crash = answer(
+        answer(nbformat.from_dict(rel[BOUNDS]), "nb06-ex2", BISECTION), "nb07-ex2", CRASH
+    )
     hand_in(subs, "cora", BOUNDS, crash)
     # dan: deleted the test cell of Exercise 2 (06), and handed in only that notebook
     dan = nbformat.from_dict(ref[BOUNDS])
-    dan.cells = [c for c in dan.cells
-                 if nbgrader_course.grade_id(c) != "nb06-ex2-test"]
+    dan.cells = [c for c in dan.cells if nbgrader_course.grade_id(c) != "nb06-ex2-test"]
     hand_in(subs, "dan", BOUNDS, dan)
     # eve: renamed her notebook, in nbgrader's own submitted/<student>/<assignment>/ layout
     hand_in(subs / "eve", DOC2VEC, f"{DOC2VEC} (1)", ref[DOC2VEC])
     lines = []
     rows = grade.grade(subs, where, quick=True, timeout=60, src=src, say=lines.append)
-    return {"course": where, "rows": rows, "report": "\n".join(lines), "src": src,
-            "subs": subs, "ref": ref, "outcome": outcome(where)}
+    return {
+        "course": where,
+        "rows": rows,
+        "report": "\n".join(lines),
+        "src": src,
+        "subs": subs,
+        "ref": ref,
+        "outcome": outcome(where),
+    }
 
 
 def gradebook_dump(course):
@@ -164,35 +196,63 @@ def gradebook_dump(course):
         for assignment in gb.assignments:
             for sub in assignment.submissions:
                 for nb in sub.notebooks:
-                    out.append((sub.student.id, assignment.name, nb.name, nb.flagged,
-                                sorted((g.name, g.auto_score, g.manual_score, g.extra_credit,
-                                        g.needs_manual_grade) for g in nb.grades),
-                                sorted((c.name, c.auto_comment, c.manual_comment)
-                                       for c in nb.comments)))
+                    out.append(
+                        (
+                            sub.student.id,
+                            assignment.name,
+                            nb.name,
+                            nb.flagged,
+                            sorted(
+                                (
+                                    g.name,
+                                    g.auto_score,
+                                    g.manual_score,
+                                    g.extra_credit,
+                                    g.needs_manual_grade,
+                                )
+                                for g in nb.grades
+                            ),
+                            sorted((c.name, c.auto_comment, c.manual_comment) for c in nb.comments),
+                        )
+                    )
     return sorted(out)
 
 
 # What differs between any two runs of the same notebook: widget ids (random) and the
 # seconds a lesson measured and printed ("trained in 2 s").
-RUN_TO_RUN = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-                        rb"|\b[0-9a-f]{32}\b|\b\d+(\.\d+)? s\b")
+RUN_TO_RUN = re.compile(
+    rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    rb"|\b[0-9a-f]{32}\b|\b\d+(\.\d+)? s\b"
+)
 # and where the kernel cut a cell's printed text into stream messages (timing: CI once saw
 # "Exercise 2 passed.\n" arrive as two), which the feedback renders as adjacent stdout blocks
-STREAM_CUT = re.compile(rb"</pre>\s*</div>\s*</div>\s*<div class=\"output_area\">\s*"
-                        rb"<div class=\"prompt\"></div>\s*<div class=\"output_subarea "
-                        rb"output_stream output_stdout output_text\">\s*<pre>")
+STREAM_CUT = re.compile(
+    rb"</pre>\s*</div>\s*</div>\s*<div class=\"output_area\">\s*"
+    rb"<div class=\"prompt\"></div>\s*<div class=\"output_subarea "
+    rb"output_stream output_stdout output_text\">\s*<pre>"
+)
 
 
 def outcome(course):
     """What a grading leaves that people read: grades.csv, the report without its timings,
     every feedback file (but for what differs from run to run), and the gradebook."""
-    report = [re.sub(r"\s+[\d.]+ s$", "", line)
-              for line in (course / "report.txt").read_text().splitlines()]
-    feedback = {str(p.relative_to(course / "feedback")):
-                RUN_TO_RUN.sub(b"~", STREAM_CUT.sub(b"", p.read_bytes()))
-                for p in sorted((course / "feedback").rglob("*")) if p.is_file()}
-    return {"grades.csv": (course / "grades.csv").read_text(), "report": report,
-            "feedback": feedback, "gradebook": gradebook_dump(course)}
+    report = [
+        re.sub(r"\s+[\d.]+ s$", "", line)
+        for line in (course / "report.txt").read_text().splitlines()
+    ]
+    feedback = {
+        str(p.relative_to(course / "feedback")): RUN_TO_RUN.sub(
+            b"~", STREAM_CUT.sub(b"", p.read_bytes())
+        )
+        for p in sorted((course / "feedback").rglob("*"))
+        if p.is_file()
+    }
+    return {
+        "grades.csv": (course / "grades.csv").read_text(),
+        "report": report,
+        "feedback": feedback,
+        "gradebook": gradebook_dump(course),
+    }
 
 
 def same_feedback(got: dict, want: dict) -> None:
@@ -200,9 +260,14 @@ def same_feedback(got: dict, want: dict) -> None:
     assert sorted(got) == sorted(want)
     for name in sorted(got):
         if got[name] != want[name]:
-            diff = difflib.unified_diff(want[name].decode(errors="replace").splitlines(),
-                                        got[name].decode(errors="replace").splitlines(),
-                                        "first grading", "this grading", n=1, lineterm="")
+            diff = difflib.unified_diff(
+                want[name].decode(errors="replace").splitlines(),
+                got[name].decode(errors="replace").splitlines(),
+                "first grading",
+                "this grading",
+                n=1,
+                lineterm="",
+            )
             raise AssertionError(f"feedback {name} differs:\n" + "\n".join(list(diff)[:60]))
 
 
@@ -211,22 +276,63 @@ def test_two_shards_each_two_at_once_merged_equal_grading_one_at_a_time(graded, 
     the same grades, report, gradebook and feedback as the fixture's grading, which graded
     everything in one process, one notebook at a time."""
     where = tmp_path / "course"
-    cmd = [sys.executable, "-m", "tools.course", "grade", str(graded["subs"]), "--course",
-           str(where), "--lessons", str(graded["src"]), "--timeout", "60", "--jobs", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tools.course",
+        "grade",
+        str(graded["subs"]),
+        "--course",
+        str(where),
+        "--lessons",
+        str(graded["src"]),
+        "--timeout",
+        "60",
+        "--jobs",
+        "2",
+    ]
     # as a Slurm array task and a Kubernetes Indexed Job pod would run them: SHARD=2 names
     # the number of shards, the index comes from the scheduler's variable
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "JOB_COMPLETION_INDEX")}
-    shards = [subprocess.Popen(cmd + ["--shard", "2"], env=dict(env, SLURM_ARRAY_TASK_ID="0"),
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
-              subprocess.Popen(cmd + ["--shard", "2"], env=dict(env, JOB_COMPLETION_INDEX="1"),
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "JOB_COMPLETION_INDEX")
+    }
+    shards = [
+        subprocess.Popen(
+            cmd + ["--shard", "2"],
+            env=dict(env, SLURM_ARRAY_TASK_ID="0"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            cmd + ["--shard", "2"],
+            env=dict(env, JOB_COMPLETION_INDEX="1"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        ),
+    ]
     outs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in shards]
     assert [p.returncode for p in shards] == [0, 0], outs
     assert sorted(p.name for p in (where / "shards").iterdir()) == ["0-of-2", "1-of-2"]
-    merged = subprocess.run([sys.executable, "-m", "tools.course", "merge", "--course",
-                             str(where), "--lessons", str(graded["src"])], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    merged = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.course",
+            "merge",
+            "--course",
+            str(where),
+            "--lessons",
+            str(graded["src"]),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert "merged 2 shard(s): 0-of-2, 1-of-2" in merged.stdout
     assert not (where / "shards" / "0-of-2").exists()
@@ -253,9 +359,13 @@ def test_the_release_has_no_solution_no_hidden_test_and_no_output(graded):
         assert text.count("raise NotImplementedError()") >= (2 if name == BOUNDS else 1)
         assert all(c.outputs == [] for c in released.cells if c.cell_type == "code")
         cells = nbgrader_course.nbgrader_cells(released)
-        assert {g: c.metadata["nbgrader"].get("points") for g, c in cells.items()
-                if c.metadata["nbgrader"].get("grade")} == {
-            g + "-test": nbgrader_course.POINTS[g + "-test"] for g in FULL if g + "-test" in cells}
+        assert {
+            g: c.metadata["nbgrader"].get("points")
+            for g, c in cells.items()
+            if c.metadata["nbgrader"].get("grade")
+        } == {
+            g + "-test": nbgrader_course.POINTS[g + "-test"] for g in FULL if g + "-test" in cells
+        }
 
 
 def test_reference_solutions_get_full_points(graded):
@@ -268,8 +378,9 @@ def test_release_untouched_and_a_gamed_answer_get_exactly_what_they_earned(grade
     assert got["bob", "nb01-ex2"] == 0.0  # NotImplementedError
     assert got["bob", "nb06-ex2"] == 2.0  # answered
     assert got["bob", "nb07-ex2"] == 0.0  # passes the visible checker, fails the hidden test
-    visible = nbgrader_course.nbgrader_cells(read(graded["course"] / "release" / BOUNDS /
-                                         f"{BOUNDS}.ipynb"))["nb07-ex2-test"].source
+    visible = nbgrader_course.nbgrader_cells(
+        read(graded["course"] / "release" / BOUNDS / f"{BOUNDS}.ipynb")
+    )["nb07-ex2-test"].source
     namespace = {}
     exec(GAMED + visible, namespace)  # the visible checker alone is fooled
     assert "nb07-ex2-test: AssertionError" in graded["report"]
@@ -287,8 +398,9 @@ def test_invalid_json_costs_only_that_notebook_and_a_dead_kernel_leaves_no_proce
     assert "is not a valid notebook" in graded["report"]
     assert got["cora", "nb06-ex2"] == 2.0, graded["report"]  # earned before the crash
     assert got["cora", "nb07-ex2"] == 0.0
-    assert [p for p in psutil.process_iter(["cmdline"])
-            if CRASH_MARK in (p.info["cmdline"] or [])] == []
+    assert [
+        p for p in psutil.process_iter(["cmdline"]) if CRASH_MARK in (p.info["cmdline"] or [])
+    ] == []
     assert grading_processes() == []
 
 
@@ -311,12 +423,27 @@ def test_grades_csv_and_feedback_come_from_the_gradebook(graded):
     with open(where / "grades.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r for r in rows if r["student"] == "ada"] == [
-        {"student": "ada", "notebook": DOC2VEC, "exercise": "nb01-ex2", "points": "2.0",
-         "max_points": "2.0"},
-        {"student": "ada", "notebook": BOUNDS, "exercise": "nb06-ex2", "points": "2.0",
-         "max_points": "2.0"},
-        {"student": "ada", "notebook": BOUNDS, "exercise": "nb07-ex2", "points": "2.0",
-         "max_points": "2.0"},
+        {
+            "student": "ada",
+            "notebook": DOC2VEC,
+            "exercise": "nb01-ex2",
+            "points": "2.0",
+            "max_points": "2.0",
+        },
+        {
+            "student": "ada",
+            "notebook": BOUNDS,
+            "exercise": "nb06-ex2",
+            "points": "2.0",
+            "max_points": "2.0",
+        },
+        {
+            "student": "ada",
+            "notebook": BOUNDS,
+            "exercise": "nb07-ex2",
+            "points": "2.0",
+            "max_points": "2.0",
+        },
     ]
     assert {r["student"] for r in rows} == {"ada", "bob", "cora", "dan", "eve"}
     with nbgrader_course.gradebook(where) as gb:
@@ -333,8 +460,13 @@ def test_nbgrader_export_in_the_course_folder_writes_what_grading_wrote(graded, 
     """The course's nbgrader_config.py selects our export plugin (tools/course/export.py):
     nbgrader's own command gives the same points per student and exercise as grades.csv."""
     where, out = graded["course"], tmp_path / "exported.csv"
-    done = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(out)],
-                          cwd=where, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "export", "--to", str(out)],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     def rows(path):
@@ -348,14 +480,18 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
     where = graded["course"]
     before = {k: v for k, v in points(graded["rows"]).items() if k[0] != "hal"}
     rel = read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb")
-    hang = answer(answer(rel, "nb06-ex2", "import time\ntime.sleep(10_000)"), "nb07-ex2",
-                  "def young_interval(c_seconds, mtbf_seconds):\n"
-                  "    return (2 * c_seconds * mtbf_seconds) ** 0.5")
+    hang = answer(
+        answer(rel, "nb06-ex2", "import time\ntime.sleep(10_000)"),
+        "nb07-ex2",
+        "def young_interval(c_seconds, mtbf_seconds):\n"
+        "    return (2 * c_seconds * mtbf_seconds) ** 0.5",
+    )
     hand_in(tmp_path / "late", "hal", BOUNDS, hang)
     (tmp_path / "late" / "ada").mkdir()  # ada hands in nothing new: her grades stay
     lines = []
-    rows = grade.grade(tmp_path / "late", where, quick=True, timeout=10, src=graded["src"],
-                        say=lines.append)
+    rows = grade.grade(
+        tmp_path / "late", where, quick=True, timeout=10, src=graded["src"], say=lines.append
+    )
     got = points(rows)
     assert got["hal", "nb06-ex2"] == 0.0 and got["hal", "nb07-ex2"] == 2.0, lines
     assert {e: got["ada", e] for e in FULL} == FULL
@@ -363,8 +499,11 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
     for name in MINI:  # and her feedback stays
         assert (where / "feedback" / "ada" / name / f"{name}.html").is_file()
     assert any("nb06-ex2-solution: ran past the timeout" in line for line in lines), lines
-    assert any("nb06-ex2-test: NameError, after cell" in line and "nb06-ex2-solution ran past "
-               "the timeout" in line for line in lines), lines
+    assert any(
+        "nb06-ex2-test: NameError, after cell" in line
+        and "nb06-ex2-solution ran past the timeout" in line
+        for line in lines
+    ), lines
     with nbgrader_course.gradebook(where) as gb:
         for (student, exercise), value in before.items():
             nb_id = DOC2VEC if exercise.startswith("nb01") else BOUNDS
@@ -379,8 +518,11 @@ def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, t
 
 
 def _autograded_mtimes(course, student):
-    return {n: (course / "autograded" / student / n / f"{n}.ipynb").stat().st_mtime_ns
-            for n in MINI if (course / "autograded" / student / n).is_dir()}
+    return {
+        n: (course / "autograded" / student / n / f"{n}.ipynb").stat().st_mtime_ns
+        for n in MINI
+        if (course / "autograded" / student / n).is_dir()
+    }
 
 
 def test_students_and_unchanged_notebooks_keep_their_grades_unless_regraded(graded, tmp_path):
@@ -390,8 +532,15 @@ def test_students_and_unchanged_notebooks_keep_their_grades_unless_regraded(grad
     mtimes = _autograded_mtimes(where, "ada")
     assert set(mtimes) == set(MINI)  # kept too by the gradings that found no notebook of hers
     lines = []
-    rows = grade.grade(graded["subs"], where, quick=True, timeout=60, src=graded["src"],
-                       say=lines.append, students=["ada"])
+    rows = grade.grade(
+        graded["subs"],
+        where,
+        quick=True,
+        timeout=60,
+        src=graded["src"],
+        say=lines.append,
+        students=["ada"],
+    )
     assert {r["student"] for r in rows} == {"ada"} and points(rows) == ada_before
     assert sum("unchanged since it was graded" in line for line in lines) == len(MINI), lines
     assert _autograded_mtimes(where, "ada") == mtimes  # nothing ran again
@@ -409,8 +558,9 @@ def test_students_and_unchanged_notebooks_keep_their_grades_unless_regraded(grad
     assert points(rows) == ada_before
     # REGRADE: the same file runs again
     lines = []
-    grade.grade(subs, where, quick=True, timeout=60, src=graded["src"], say=lines.append,
-                regrade=True)
+    grade.grade(
+        subs, where, quick=True, timeout=60, src=graded["src"], say=lines.append, regrade=True
+    )
     assert not any("unchanged since" in line for line in lines), lines
     assert _autograded_mtimes(where, "ada")[DOC2VEC] > mtimes[DOC2VEC]
     assert grading_processes() == []
@@ -447,15 +597,20 @@ def test_every_test_cell_of_the_lessons_has_points_and_every_point_a_cell():
 def test_a_failed_reference_run_raises_and_leaves_nothing(tmp_path):
     lessons = tmp_path / "lessons"
     lessons.mkdir()
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "raise RuntimeError('this lesson is broken')")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("raise RuntimeError('this lesson is broken')")]
+    )
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nbformat.write(nb, str(lessons / "01_broken.ipynb"))
     where = tmp_path / "course"
     with pytest.raises(RuntimeError, match="reference run of 01_broken failed"):
-        grade.reference_runs(where, "01_broken", quick=True, timeout=60, src=lessons,
-                               say=lambda _: None)
+        grade.reference_runs(
+            where, "01_broken", quick=True, timeout=60, src=lessons, say=lambda _: None
+        )
     assert list((where / "reference" / "quick").iterdir()) == []  # no partial folder either
     with pytest.raises(FileNotFoundError, match="02_missing.ipynb is missing"):
         grade.reference_runs(where, "02_missing", quick=True, timeout=60, src=lessons)
@@ -476,7 +631,7 @@ con.commit()
 """,
         "sources": f"""
 errors = []
-for path in ["{source}", "{root / 'notebooks' / '07_fault_tolerance.ipynb'}"]:
+for path in ["{source}", "{root / "notebooks" / "07_fault_tolerance.ipynb"}"]:
     try:
         with open(path, "a") as f:
             f.write("# every student gets full points")
@@ -485,7 +640,7 @@ for path in ["{source}", "{root / 'notebooks' / '07_fault_tolerance.ipynb'}"]:
 raise errors[-1]  # both failed (a write that worked would show in the test)
 """,
         "peek": f"""
-print(open("{subs / 'ada' / f'{BOUNDS}.ipynb'}").read()[:100])
+print(open("{subs / "ada" / f"{BOUNDS}.ipynb"}").read()[:100])
 """,
         "network": f"""
 import socket
@@ -508,10 +663,12 @@ def test_hostile_submissions_fail_inside_the_sandbox_and_touch_nothing_else(grad
     where = tmp_path / "course"
     shutil.copytree(graded["course"], where)
     before = gradebook_dump(where)
-    protected = [where / "source" / BOUNDS / f"{BOUNDS}.ipynb",
-                 where / "release" / BOUNDS / f"{BOUNDS}.ipynb",
-                 ROOT / "notebooks" / "07_fault_tolerance.ipynb",
-                 graded["subs"] / "ada" / f"{BOUNDS}.ipynb"]
+    protected = [
+        where / "source" / BOUNDS / f"{BOUNDS}.ipynb",
+        where / "release" / BOUNDS / f"{BOUNDS}.ipynb",
+        ROOT / "notebooks" / "07_fault_tolerance.ipynb",
+        graded["subs"] / "ada" / f"{BOUNDS}.ipynb",
+    ]
     sums = {p: p.read_bytes() for p in protected}
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -521,12 +678,24 @@ def test_hostile_submissions_fail_inside_the_sandbox_and_touch_nothing_else(grad
     rel = read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb")
     attacks = hostile(where, graded["subs"], ROOT, listener.getsockname()[1])
     for name, code in attacks.items():
-        hand_in(subs, name, BOUNDS, answer(answer(nbformat.from_dict(rel), "nb06-ex2",
-                                                  BISECTION), "nb07-ex2", code))
+        hand_in(
+            subs,
+            name,
+            BOUNDS,
+            answer(answer(nbformat.from_dict(rel), "nb06-ex2", BISECTION), "nb07-ex2", code),
+        )
     lines = []
     try:
-        rows = grade.grade(subs, where, quick=True, timeout=60, src=graded["src"],
-                           say=lines.append, jobs=2, memory_mb=2000)
+        rows = grade.grade(
+            subs,
+            where,
+            quick=True,
+            timeout=60,
+            src=graded["src"],
+            say=lines.append,
+            jobs=2,
+            memory_mb=2000,
+        )
         with pytest.raises(BlockingIOError):
             listener.accept()  # nothing ever connected
     finally:
@@ -535,21 +704,29 @@ def test_hostile_submissions_fail_inside_the_sandbox_and_touch_nothing_else(grad
     got = points(rows)
     for name in attacks:  # each failed, and earned the points of the other exercise
         assert (got[name, "nb06-ex2"], got[name, "nb07-ex2"]) == (2.0, 0.0), (name, report)
-    for name, error in [("gradebook", "OperationalError"), ("sources", "OSError"),
-                        ("peek", "FileNotFoundError"), ("network", "ConnectionRefusedError"),
-                        ("symlink", "OSError")]:
-        assert re.search(rf"^{name} +{BOUNDS} .*\n +- nb07-ex2-solution: {error}\n", report,
-                         re.MULTILINE), (name, report)
-    assert "nb07-ex2-solution: ended the kernel (it used more than the memory limit of 2,000 MB)" \
-        in report, report
+    for name, error in [
+        ("gradebook", "OperationalError"),
+        ("sources", "OSError"),
+        ("peek", "FileNotFoundError"),
+        ("network", "ConnectionRefusedError"),
+        ("symlink", "OSError"),
+    ]:
+        assert re.search(
+            rf"^{name} +{BOUNDS} .*\n +- nb07-ex2-solution: {error}\n", report, re.MULTILINE
+        ), (name, report)
+    assert (
+        "nb07-ex2-solution: ended the kernel (it used more than the memory limit of 2,000 MB)"
+        in report
+    ), report
     after = gradebook_dump(where)
     assert [r for r in after if r[0] not in attacks] == before  # every other grade as it was
     assert {p: p.read_bytes() for p in protected} == sums
     assert grading_processes() == []
 
 
-def test_without_a_sandbox_grading_stops_with_the_reason_unless_turned_off(graded, tmp_path,
-                                                                         monkeypatch):
+def test_without_a_sandbox_grading_stops_with_the_reason_unless_turned_off(
+    graded, tmp_path, monkeypatch
+):
     subs = tmp_path / "subs"
     shutil.copytree(graded["subs"] / "ada", subs / "ada")
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap (nor anything else) on PATH
@@ -559,8 +736,15 @@ def test_without_a_sandbox_grading_stops_with_the_reason_unless_turned_off(grade
     assert not (tmp_path / "course").exists()  # stopped before it wrote anything
     monkeypatch.undo()
     lines = []
-    rows = grade.grade(subs, tmp_path / "course", quick=True, timeout=60, src=graded["src"],
-                       say=lines.append, sandboxed=False)
+    rows = grade.grade(
+        subs,
+        tmp_path / "course",
+        quick=True,
+        timeout=60,
+        src=graded["src"],
+        say=lines.append,
+        sandboxed=False,
+    )
     assert {e: points(rows)["ada", e] for e in FULL} == FULL
     assert sum(grade.UNSANDBOXED in line for line in lines) == len(MINI), lines
     assert grading_processes() == []
@@ -571,12 +755,33 @@ def test_ctrl_c_while_two_notebooks_are_graded_ends_every_process(graded, tmp_pa
     shutil.copytree(graded["course"], where)
     rel = read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb")
     for student in ("sleepy", "dozy"):
-        hand_in(tmp_path / "subs", student, BOUNDS,
-                answer(nbformat.from_dict(rel), "nb06-ex2", "import time\ntime.sleep(10_000)"))
-    proc = subprocess.Popen([sys.executable, "-m", "tools.course", "grade", str(tmp_path / "subs"),
-                             "--course", str(where), "--lessons", str(graded["src"]),
-                             "--jobs", "2", "--timeout", "600"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        hand_in(
+            tmp_path / "subs",
+            student,
+            BOUNDS,
+            answer(nbformat.from_dict(rel), "nb06-ex2", "import time\ntime.sleep(10_000)"),
+        )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.course",
+            "grade",
+            str(tmp_path / "subs"),
+            "--course",
+            str(where),
+            "--lessons",
+            str(graded["src"]),
+            "--jobs",
+            "2",
+            "--timeout",
+            "600",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         kernels = set()  # the grading tokens of running kernels: one per graded notebook

@@ -3,6 +3,7 @@
 Real runs' logs are checked against the dashboard, the timeline and the Chrome trace in
 tests/test_cluster_integration.py (check_views); these cases pin down each rule on its own.
 """
+
 import pytest
 
 from helpers.cluster import protocol
@@ -16,13 +17,26 @@ def cfg(**kw):
 
 
 def step(w, s, t, version_read, **kw):
-    return {"kind": Kind.STEP, "t": t, "worker": w, "step": s, "version_read": version_read,
-            "pushed": True, **kw}
+    return {
+        "kind": Kind.STEP,
+        "t": t,
+        "worker": w,
+        "step": s,
+        "version_read": version_read,
+        "pushed": True,
+        **kw,
+    }
 
 
 def update(t, version, workers, fresh=None, weights=None):
-    return {"kind": Kind.UPDATE, "t": t, "version": version, "workers": workers,
-            "fresh": fresh or [True] * len(workers), "weights": weights or [1.0] * len(workers)}
+    return {
+        "kind": Kind.UPDATE,
+        "t": t,
+        "version": version,
+        "workers": workers,
+        "fresh": fresh or [True] * len(workers),
+        "weights": weights or [1.0] * len(workers),
+    }
 
 
 START = [{"kind": Kind.START, "t": 0.0, "version": 0}, {"kind": Kind.JOINED, "t": 1.0}]
@@ -40,8 +54,9 @@ def test_sync_worker_waits_from_its_push_until_the_version_passes_what_it_read()
 
 def test_ssp_worker_waits_while_more_than_s_ahead_of_the_slowest_live_clock():
     state = RunState(cfg(mode="ssp", staleness=1))
-    state.feed(START + [step(0, 0, 1.1, 0), update(1.11, 1, [0]),
-                        step(0, 1, 1.2, 1), update(1.21, 2, [0])])
+    state.feed(
+        START + [step(0, 0, 1.1, 0), update(1.11, 1, [0]), step(0, 1, 1.2, 1), update(1.21, 2, [0])]
+    )
     # worker 0 has pushed 2 steps, worker 1 none: 2 - 0 > 1
     assert state.doing(0, 1.2) == "waiting for a token"
     state.feed([step(1, 0, 1.3, 0), update(1.31, 3, [1])])
@@ -65,11 +80,18 @@ def test_async_never_waits_and_a_silent_worker_looks_hung():
 
 def test_backup_counts_drops_folds_and_the_final_frame():
     state = RunState(cfg(mode="backup", k=1, stale="fold"))
-    state.feed(START + [step(0, 0, 1.1, 0), update(1.11, 1, [0]), step(1, 0, 1.2, 0),
-                        {"kind": Kind.DROP, "t": 1.21, "worker": 1},
-                        step(0, 1, 1.3, 1),
-                        update(1.31, 2, [0, 1], fresh=[True, False], weights=[1.0, 0.25]),
-                        {"kind": Kind.FINAL, "t": 2.0, "version": 2}])
+    state.feed(
+        START
+        + [
+            step(0, 0, 1.1, 0),
+            update(1.11, 1, [0]),
+            step(1, 0, 1.2, 0),
+            {"kind": Kind.DROP, "t": 1.21, "worker": 1},
+            step(0, 1, 1.3, 1),
+            update(1.31, 2, [0, 1], fresh=[True, False], weights=[1.0, 0.25]),
+            {"kind": Kind.FINAL, "t": 2.0, "version": 2},
+        ]
+    )
     frame = state.frame()
     assert frame["finished"] and frame["ps"]["drops"] == 1 and frame["ps"]["folds"] == 1
     assert [r["doing"] for r in frame["workers"]] == ["done", "done"]
@@ -79,11 +101,23 @@ def test_backup_counts_drops_folds_and_the_final_frame():
 
 
 def test_step_phases_are_ordered_and_a_step_that_does_not_push_has_no_push():
-    stamps = StepStamps(waiting=1.0, called=1.0, reached=1.1, granted=1.5, arrived=1.6,
-                        computed=1.7, pushed=1.9, returned=2.0)
+    stamps = StepStamps(
+        waiting=1.0,
+        called=1.0,
+        reached=1.1,
+        granted=1.5,
+        arrived=1.6,
+        computed=1.7,
+        pushed=1.9,
+        returned=2.0,
+    )
     assert [(p, round(a, 2), round(b, 2)) for p, a, b in stamps.phases()] == [
-        ("pull", 1.0, 1.1), ("wait", 1.1, 1.5), ("pull", 1.5, 1.6), ("compute", 1.6, 1.7),
-        ("push", 1.7, 2.0)]
+        ("pull", 1.0, 1.1),
+        ("wait", 1.1, 1.5),
+        ("pull", 1.5, 1.6),
+        ("compute", 1.6, 1.7),
+        ("push", 1.7, 2.0),
+    ]
     local = stamps._replace(pushed=1.7)  # Downpour: accumulated, not pushed
     assert [p for p, _, _ in local.phases()] == ["pull", "wait", "pull", "compute"]
     assert local.phases()[-1][2] == 2.0
@@ -107,4 +141,4 @@ def test_bad_dashboard_style_is_refused_naming_it(monkeypatch):
 def test_thinning_keeps_the_newest_points():
     points = [(float(i), i) for i in range(MAX_POINTS + 1)]
     thinned = _thin(points)
-    assert len(thinned) < len(points) and thinned[-MAX_POINTS // 2:] == points[-MAX_POINTS // 2:]
+    assert len(thinned) < len(points) and thinned[-MAX_POINTS // 2 :] == points[-MAX_POINTS // 2 :]

@@ -1,4 +1,5 @@
 """The data layer against real files and a real HTTP server on 127.0.0.1 (no mocks)."""
+
 import dataclasses
 import hashlib
 import http.server
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.data import dbpedia, mnist, downloads
+from helpers.data import dbpedia, downloads, mnist
 
 MNIST = downloads.DATASETS["mnist"]
 
@@ -74,6 +75,7 @@ def closed_port() -> int:
 
 # ----------------------------------------------------------------------------- mirrors
 
+
 def test_mirror_as_folder(cache, shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
     path = downloads.fetch("mnist")
@@ -90,7 +92,18 @@ def test_mirror_as_url(cache, shared_data, server, monkeypatch):
     assert x_train.shape == (60000, 28, 28) and x_test.shape == (10000, 28, 28)
     assert x_train.dtype == np.uint8
     # Label counts as published for MNIST (shared/data/SOURCES.md).
-    assert np.bincount(y_train).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert np.bincount(y_train).tolist() == [
+        5923,
+        6742,
+        5958,
+        6131,
+        5842,
+        5421,
+        5918,
+        6265,
+        5851,
+        5949,
+    ]
     assert np.bincount(y_test).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
     assert leftovers(cache) == ["mnist.npz"]
 
@@ -116,6 +129,7 @@ def test_mirror_that_is_neither_url_nor_folder_is_refused(cache, tmp_path, monke
 
 
 # ----------------------------------------------------------------------------- failures
+
 
 def test_download_with_wrong_checksum_leaves_nothing(cache, shared_data, server, monkeypatch):
     base, root = server
@@ -158,8 +172,8 @@ def test_offline_with_empty_cache_says_what_to_download_and_where(cache):
     with pytest.raises(dbpedia.DataError) as err:
         downloads.fetch(offline)
     msg = str(err.value)
-    assert offline.url in msg                       # what to download
-    assert str(cache / "mnist.npz") in msg          # where to put it
+    assert offline.url in msg  # what to download
+    assert str(cache / "mnist.npz") in msg  # where to put it
     assert MNIST.sha256 in msg and "11,490,434 bytes" in msg
     assert "LABS_DATA_MIRROR" in msg
     assert leftovers(cache) == []
@@ -172,6 +186,7 @@ def test_unknown_dataset_name_is_refused(cache):
 
 # ----------------------------------------------------------------------------- archives
 
+
 def _tgz_of(folder: Path, members: list[str], out: Path) -> None:
     with tarfile.open(out, "w:gz") as tar:
         for name in members:
@@ -179,10 +194,13 @@ def _tgz_of(folder: Path, members: list[str], out: Path) -> None:
 
 
 def _archive_dataset(folder: Path) -> downloads.Dataset:
-    members = {f"dbpedia_csv/{n}": (downloads.sha256_of(folder / n), (folder / n).stat().st_size)
-               for n in ("train.csv", "test.csv", "classes.txt")}
-    return dataclasses.replace(downloads.DATASETS["dbpedia"], members=members,
-                               url="http://127.0.0.1:9/unused.tgz")
+    members = {
+        f"dbpedia_csv/{n}": (downloads.sha256_of(folder / n), (folder / n).stat().st_size)
+        for n in ("train.csv", "test.csv", "classes.txt")
+    }
+    return dataclasses.replace(
+        downloads.DATASETS["dbpedia"], members=members, url="http://127.0.0.1:9/unused.tgz"
+    )
 
 
 def test_archive_members_are_verified_and_extracted(cache, shared_data, server, monkeypatch):
@@ -193,12 +211,18 @@ def test_archive_members_are_verified_and_extracted(cache, shared_data, server, 
     folder = downloads.fetch(_archive_dataset(subset))
     assert folder == cache / "dbpedia_csv"
     assert sorted(p.name for p in folder.iterdir()) == ["classes.txt", "test.csv", "train.csv"]
-    assert leftovers(cache) == ["dbpedia_csv", "dbpedia_csv/classes.txt", "dbpedia_csv/test.csv",
-                               "dbpedia_csv/train.csv"]
+    assert leftovers(cache) == [
+        "dbpedia_csv",
+        "dbpedia_csv/classes.txt",
+        "dbpedia_csv/test.csv",
+        "dbpedia_csv/train.csv",
+    ]
     assert downloads.fetch(_archive_dataset(subset)) == folder  # cached: re-hashed, not fetched
 
 
-def test_archive_with_a_bad_member_caches_nothing(cache, shared_data, server, tmp_path, monkeypatch):
+def test_archive_with_a_bad_member_caches_nothing(
+    cache, shared_data, server, tmp_path, monkeypatch
+):
     base, root = server
     subset = shared_data / "dbpedia_subset"
     altered = tmp_path / "altered"
@@ -215,8 +239,9 @@ def test_archive_with_a_bad_member_caches_nothing(cache, shared_data, server, tm
 
 def test_offline_archive_is_taken_from_where_the_error_says(cache, shared_data, tmp_path):
     subset = shared_data / "dbpedia_subset"
-    offline = dataclasses.replace(_archive_dataset(subset),
-                                  url=f"http://127.0.0.1:{closed_port()}/dbpedia_csv.tgz")
+    offline = dataclasses.replace(
+        _archive_dataset(subset), url=f"http://127.0.0.1:{closed_port()}/dbpedia_csv.tgz"
+    )
     with pytest.raises(dbpedia.DataError) as err:
         downloads.fetch(offline)
     assert f"put it at {cache / 'dbpedia_csv.tgz'}," in str(err.value)  # not a temporary folder
@@ -228,6 +253,7 @@ def test_offline_archive_is_taken_from_where_the_error_says(cache, shared_data, 
 
 # ----------------------------------------------------------------------------- DBpedia CSV
 
+
 @pytest.fixture
 def dbpedia_dir(tmp_path, monkeypatch, shared_data):
     folder = tmp_path / "dbp"
@@ -238,13 +264,16 @@ def dbpedia_dir(tmp_path, monkeypatch, shared_data):
     return folder
 
 
-@pytest.mark.parametrize("bad_line,match", [
-    ('3,"only two columns"', r"line 3: expected 3 columns \(class,title,content\), got 2"),
-    ('15,"t","class out of range"', r"line 3: class must be an integer 1\.\.14, got '15'"),
-    ('x,"t","class not a number"', r"line 3: class must be an integer 1\.\.14, got 'x'"),
-    ('0,"t","class zero"', r"line 3: class must be an integer 1\.\.14, got '0'"),
-    ('2,"t","c","one column too many"', r"line 3: expected 3 columns .*got 4"),
-])
+@pytest.mark.parametrize(
+    "bad_line,match",
+    [
+        ('3,"only two columns"', r"line 3: expected 3 columns \(class,title,content\), got 2"),
+        ('15,"t","class out of range"', r"line 3: class must be an integer 1\.\.14, got '15'"),
+        ('x,"t","class not a number"', r"line 3: class must be an integer 1\.\.14, got 'x'"),
+        ('0,"t","class zero"', r"line 3: class must be an integer 1\.\.14, got '0'"),
+        ('2,"t","c","one column too many"', r"line 3: expected 3 columns .*got 4"),
+    ],
+)
 def test_malformed_rows_name_file_and_line(dbpedia_dir, bad_line, match):
     rows = ['1,"Acme","A company."', '2,"","A school, with ""quotes""."', bad_line, '3,"","ok"']
     (dbpedia_dir / "train.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
@@ -278,8 +307,22 @@ def test_real_subset_loads_with_published_counts(shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
     train = dbpedia.load_dbpedia("train")
     # Per-class counts as published in shared/data/SOURCES.md.
-    assert np.bincount(train.label).tolist() == [1095, 1077, 1111, 1080, 1017, 1148, 1095,
-                                                 1091, 1057, 1092, 1158, 1158, 1119, 1049]
+    assert np.bincount(train.label).tolist() == [
+        1095,
+        1077,
+        1111,
+        1080,
+        1017,
+        1148,
+        1095,
+        1091,
+        1057,
+        1092,
+        1158,
+        1158,
+        1119,
+        1049,
+    ]
     assert dbpedia.dbpedia_classes()[0] == "Company" and len(dbpedia.dbpedia_classes()) == 14
     assert sum(1 for _ in dbpedia.iter_dbpedia("test")) == 9193
 

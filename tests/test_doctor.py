@@ -1,4 +1,5 @@
 """The pre-flight check: one row per check, a broken check shown as FAIL, needs from make run."""
+
 import subprocess
 import sys
 
@@ -9,8 +10,17 @@ def test_every_check_gives_a_row_with_a_known_status():
     rows = doctor.run_checks()
     assert {r.status for r in rows} <= {doctor.OK, doctor.WARN, doctor.FAIL}
     names = [r.check for r in rows]
-    for expected in ("python", "packages", "GPU", "cores", "disk", "datasets", "private network",
-                     "loopback ports", "cleanup"):
+    for expected in (
+        "python",
+        "packages",
+        "GPU",
+        "cores",
+        "disk",
+        "datasets",
+        "private network",
+        "loopback ports",
+        "cleanup",
+    ):
         assert expected in names
     assert any(n.startswith("memory") for n in names)
     assert all(r.todo for r in rows if r.status != doctor.OK)  # every warning says what to do
@@ -22,16 +32,24 @@ def test_a_check_that_breaks_is_a_failed_row_and_the_command_exits_1(monkeypatch
 
     monkeypatch.setattr(doctor, "CHECKS", [doctor.python_version, broken])
     rows = doctor.run_checks()
-    assert (rows[1].check, rows[1].status, rows[1].found) == ("broken", "FAIL",
-                                                               "OSError: no /proc here")
+    assert (rows[1].check, rows[1].status, rows[1].found) == (
+        "broken",
+        "FAIL",
+        "OSError: no /proc here",
+    )
     assert doctor.main() == 1
     assert "FAILED: broken" in capsys.readouterr().out
 
 
 def test_memory_rows_compare_free_memory_with_each_notebooks_measured_peak(monkeypatch):
-    monkeypatch.setattr(doctor, "measured_needs", lambda: {
-        "05_parameter_server": {"full": {"peak_pss_mb": 2600}, "quick": {"peak_pss_mb": 1900}},
-        "02_logreg": {"full": {"peak_pss_mb": 800}}})
+    monkeypatch.setattr(
+        doctor,
+        "measured_needs",
+        lambda: {
+            "05_parameter_server": {"full": {"peak_pss_mb": 2600}, "quick": {"peak_pss_mb": 1900}},
+            "02_logreg": {"full": {"peak_pss_mb": 800}},
+        },
+    )
     monkeypatch.setenv("LABS_MEMORY_MB", "1000")
     monkeypatch.delenv("LABS_QUICK", raising=False)
     rows = {r.check: r for r in doctor.memory()}
@@ -43,13 +61,24 @@ def test_memory_rows_compare_free_memory_with_each_notebooks_measured_peak(monke
 
 def test_every_notebook_has_a_measured_peak_in_both_modes():
     needs = doctor.measured_needs()
-    missing = [(name, mode) for name in needs for mode in ("full", "quick")
-               if "peak_pss_mb" not in needs[name].get(mode, {})]
-    assert not missing, f"run `make run` and `tools/run_notebooks.py --quick --record-times`: {missing}"
+    missing = [
+        (name, mode)
+        for name in needs
+        for mode in ("full", "quick")
+        if "peak_pss_mb" not in needs[name].get(mode, {})
+    ]
+    assert not missing, (
+        f"run `make run` and `tools/run_notebooks.py --quick --record-times`: {missing}"
+    )
 
 
 def test_make_doctor_prints_its_table_in_seconds():
-    out = subprocess.run([sys.executable, "-m", "helpers.doctor"], capture_output=True, text=True,
-                         timeout=120, cwd=config.REPO_ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "helpers.doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=config.REPO_ROOT,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "checks passed or warned" in out.stdout and "python" in out.stdout

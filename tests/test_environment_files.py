@@ -1,4 +1,5 @@
 """environment.yml (conda) and pyproject.toml (pip) must ask for the same packages."""
+
 import re
 import tomllib
 

@@ -6,6 +6,7 @@ Notebooks 01, 02 and 05 run in quick mode through the runner itself (tools.run_n
 The HTML of notebooks 01 and 05 is then opened in headless Chromium with the network off, to
 check what a reader of the rendered lesson sees.
 """
+
 from __future__ import annotations
 
 import re
@@ -40,8 +41,9 @@ def build(tmp_path_factory, shared_data):
         # out of the executed copies (the kernels' inline backend draws them)
         env.delenv("MPLBACKEND", raising=False)
         for name in NOTEBOOKS:
-            status, _, error, _ = run_one(NOTEBOOK_DIR / f"{name}.ipynb", out, 600,
-                                          show_progress=False)
+            status, _, error, _ = run_one(
+                NOTEBOOK_DIR / f"{name}.ipynb", out, 600, show_progress=False
+            )
             assert status == "ok", f"{name}: {error}"
     return out
 
@@ -53,9 +55,13 @@ def outputs(path):
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_no_cell_writes_to_stderr(build, name):
-    stray = [(i, line) for i, out in outputs(build / f"{name}.ipynb")
-             if out.get("name") == "stderr" for line in out["text"].splitlines()
-             if line.strip() and not any(re.search(p, line) for p in STDERR_ALLOWED)]
+    stray = [
+        (i, line)
+        for i, out in outputs(build / f"{name}.ipynb")
+        if out.get("name") == "stderr"
+        for line in out["text"].splitlines()
+        if line.strip() and not any(re.search(p, line) for p in STDERR_ALLOWED)
+    ]
     assert not stray, "\n".join(f"cell {i}: {line}" for i, line in stray[:20])
 
 
@@ -66,9 +72,13 @@ TF_NOISE = re.compile(r"WARNING:tensorflow|INFO:tensorflow|retracing|absl::|cpu_
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_no_tensorflow_log_lines_in_any_output(build, name):
-    noise = [(i, line) for i, out in outputs(build / f"{name}.ipynb")
-             if out.get("output_type") == "stream" for line in out["text"].splitlines()
-             if TF_NOISE.search(line)]
+    noise = [
+        (i, line)
+        for i, out in outputs(build / f"{name}.ipynb")
+        if out.get("output_type") == "stream"
+        for line in out["text"].splitlines()
+        if TF_NOISE.search(line)
+    ]
     assert not noise, "\n".join(f"cell {i}: {line}" for i, line in noise[:20])
 
 
@@ -84,8 +94,9 @@ def test_progress_bars_show_their_final_count(build, name):
     for text in found:
         percent, done, total = BAR.search(text).groups()
         assert percent == "100" and done == total, text
-    assert not any("widget-view" in str(out.get("data", {})) for _, out in outputs(
-        build / f"{name}.ipynb")), "a widget output is left: it renders only with a widget manager"
+    assert not any(
+        "widget-view" in str(out.get("data", {})) for _, out in outputs(build / f"{name}.ipynb")
+    ), "a widget output is left: it renders only with a widget manager"
 
 
 class _Text(HTMLParser):
@@ -113,11 +124,26 @@ def rendered_dom(page, tmp_path) -> str:
     # proxy that refuses every connection, so the page can fetch nothing (no CDN, no widgets).
     prefix = [] if netns.unavailable_reason() else ["unshare", "--user", "--map-root-user", "--net"]
     dom = subprocess.run(
-        prefix + [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--proxy-server=http://127.0.0.1:9", f"--user-data-dir={tmp_path / 'profile'}",
-                  "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120)
+        prefix
+        + [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--proxy-server=http://127.0.0.1:9",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dom.returncode == 0 and "<body" in dom.stdout, dom.stderr[-2000:]
     return dom.stdout
 
@@ -141,8 +167,7 @@ def test_the_rendered_cluster_lesson_shows_final_dashboards_and_timelines(build,
     """05: each 3-worker run's dashboard in its last frame (every worker done), and the
     timeline figures as images, in the page a reader opens offline."""
     dom = rendered_dom(build / "05_parameter_server.html", tmp_path)
-    finals = re.findall(r"<div class=\"labs-dashboard labs-dashboard-final\".*?</table>", dom,
-                        re.S)
+    finals = re.findall(r"<div class=\"labs-dashboard labs-dashboard-final\".*?</table>", dom, re.S)
     assert len(finals) == 4, f"{len(finals)} final dashboards (one per 3-worker run expected)"
     for frame in finals:
         text = visible_text(frame)
@@ -151,10 +176,17 @@ def test_the_rendered_cluster_lesson_shows_final_dashboards_and_timelines(build,
     text = visible_text(dom)
     assert "One step at a time: the timeline" in text
     images = re.findall(r"<img[^>]+src=\"data:image/png;base64,", dom)
-    figures = [i for i, out in outputs(build / "05_parameter_server.ipynb")
-               if "image/png" in out.get("data", {})]
+    figures = [
+        i
+        for i, out in outputs(build / "05_parameter_server.ipynb")
+        if "image/png" in out.get("data", {})
+    ]
     assert len(images) == len(figures) and figures, (len(images), figures)
-    timeline = [i for i, cell in enumerate(nbformat.read(str(build / "05_parameter_server.ipynb"),
-                                                         as_version=4).cells)
-                if ".timeline(" in cell.source]
+    timeline = [
+        i
+        for i, cell in enumerate(
+            nbformat.read(str(build / "05_parameter_server.ipynb"), as_version=4).cells
+        )
+        if ".timeline(" in cell.source
+    ]
     assert timeline and set(timeline) <= set(figures)  # the timelines are drawn as images

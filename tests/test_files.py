@@ -1,4 +1,5 @@
 """All-or-nothing writes: the target is complete or untouched, and no temporary is left."""
+
 import json
 
 import numpy as np

@@ -10,6 +10,7 @@ run, not from the student's own 01 (late has none), so it gets full points. Quic
 are read back from nbgrader's gradebook. (An untouched release, every answer missing, is graded
 in tests/test_course.py, on a small course.)
 """
+
 from __future__ import annotations
 
 import nbformat
@@ -53,16 +54,27 @@ def graded(tmp_path_factory, request):
     released = {a: read(where / "release" / a / f"{a}.ipynb") for a in LESSONS}
     for a in LESSONS:
         hand_in(subs, "odd", a, answered(released[a], lambda k, i: (WRONG if k % 2 else SECOND)[i]))
-        hand_in(subs, "even", a, answered(released[a], lambda k, i: (SECOND if k % 2 else WRONG)[i]))
+        hand_in(
+            subs, "even", a, answered(released[a], lambda k, i: (SECOND if k % 2 else WRONG)[i])
+        )
     first = []
     rows = grade.grade(subs, where, quick=True, timeout=600, say=first.append, jobs=2)
     later = tmp / "later"
-    hand_in(later, "late", "logreg (final)",
-            answered(released["02_logreg_lr_schedules"], lambda k, i: SECOND[i]))
+    hand_in(
+        later,
+        "late",
+        "logreg (final)",
+        answered(released["02_logreg_lr_schedules"], lambda k, i: SECOND[i]),
+    )
     second = []
     late_rows = grade.grade(later, where, quick=True, timeout=600, say=second.append, jobs=2)
-    return {"rows": rows, "late": late_rows, "report": "\n".join(first),
-            "late_report": "\n".join(second), "course": where}
+    return {
+        "rows": rows,
+        "late": late_rows,
+        "report": "\n".join(first),
+        "late_report": "\n".join(second),
+        "course": where,
+    }
 
 
 def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exercise(graded):
@@ -83,11 +95,21 @@ def test_a_notebook_handed_in_alone_later_without_its_01_gets_full_points(graded
             assert got["late", gid.removesuffix("-test")] == max_points, graded["late_report"]
         elif gid.startswith("nb01-"):  # not handed in
             assert got["late", gid.removesuffix("-test")] == 0.0
-    assert "graded logreg (final).ipynb as 02_logreg_lr_schedules.ipynb (renamed)" in \
-        graded["late_report"]
+    assert (
+        "graded logreg (final).ipynb as 02_logreg_lr_schedules.ipynb (renamed)"
+        in graded["late_report"]
+    )
     # the features 02 read came from the course's own run of notebook 01, made once: the
     # first grading made it, the later one reused it
-    assert (graded["course"] / "reference" / "quick" / "01_doc2vec_dbpedia" / "runs" /
-            "features" / "doc2vec_dbpedia" / "metadata.json").is_file()
+    assert (
+        graded["course"]
+        / "reference"
+        / "quick"
+        / "01_doc2vec_dbpedia"
+        / "runs"
+        / "features"
+        / "doc2vec_dbpedia"
+        / "metadata.json"
+    ).is_file()
     assert "reference run of 01_doc2vec_dbpedia" in graded["report"]
     assert "reference run of" not in graded["late_report"]

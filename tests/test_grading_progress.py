@@ -1,4 +1,5 @@
 """The grading progress line: pairs done, failures, and an ETA weighted by measured run times."""
+
 from tools.course import progress
 from tools.course.progress import GradingProgress, clock
 
@@ -6,10 +7,16 @@ from tools.course.progress import GradingProgress, clock
 def test_the_eta_weighs_pairs_by_their_lesson_and_scales_by_the_pace_so_far(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(progress, "run_times", lambda: {"slow": {"quick": {"seconds": 30.0}},
-                                                        "fast": {"quick": {"seconds": 10.0}}})
-    bar = GradingProgress([("ada", "slow"), ("ada", "fast"), ("bob", "slow"), ("bob", "new")],
-                          quick=True, enabled=False)
+    monkeypatch.setattr(
+        progress,
+        "run_times",
+        lambda: {"slow": {"quick": {"seconds": 30.0}}, "fast": {"quick": {"seconds": 10.0}}},
+    )
+    bar = GradingProgress(
+        [("ada", "slow"), ("ada", "fast"), ("bob", "slow"), ("bob", "new")],
+        quick=True,
+        enabled=False,
+    )
     assert bar.eta_s() == 30 + 10 + 30 + progress.UNMEASURED_S  # no pace yet: the weights
     now[0] += 60.0  # the first pair took twice its measured time
     bar.done("ada", "slow", graded=True, failed=False)

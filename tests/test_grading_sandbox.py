@@ -1,5 +1,6 @@
 """The grading sandbox on its own: what a command inside it can see, write and reach, and the
 memory guard (graded notebooks in it: tests/test_course.py)."""
+
 import os
 import socket
 import subprocess
@@ -37,8 +38,9 @@ def test_inside_hidden_folders_are_empty_and_only_the_writable_ones_take_writes(
         "print(os.listdir('/run'))\n"
     ) % (str(other / "theirs.txt"), str(secret / "new.txt"))
     cmd = sandbox.bwrap_command(writable=[out], hidden=[secret], workdir=out, readable=[keep])
-    run = subprocess.run(cmd + [sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run(
+        cmd + [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "['keep']"  # the hidden folder is empty, but for what was put back
@@ -60,12 +62,15 @@ def test_inside_a_port_open_on_this_machine_cannot_be_reached():
     listener.listen()
     listener.setblocking(False)
     port = listener.getsockname()[1]
-    script = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 5)\n"
-              "    print('CONNECTED')\nexcept OSError as exc:\n    print(type(exc).__name__)\n")
+    script = (
+        f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 5)\n"
+        "    print('CONNECTED')\nexcept OSError as exc:\n    print(type(exc).__name__)\n"
+    )
     cmd = sandbox.bwrap_command(writable=[], hidden=[], workdir="/")
     try:
-        run = subprocess.run(cmd + [sys.executable, "-c", script], capture_output=True,
-                             text=True, timeout=60)
+        run = subprocess.run(
+            cmd + [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
         assert run.stdout.strip() == "ConnectionRefusedError", run.stderr
         with pytest.raises(BlockingIOError):
             listener.accept()
@@ -81,9 +86,13 @@ def test_without_bwrap_the_reason_names_it(monkeypatch):
 def test_the_memory_guard_ends_the_processes_of_its_token_past_the_limit():
     token = uuid.uuid4().hex
     hog = subprocess.Popen(
-        [sys.executable, "-c", "import time\nhog = [b'x' * (50 * 2**20) for _ in range(8)]\n"
-                               "time.sleep(60)"],
-        env=dict(os.environ, LABS_GRADING_TOKEN=token))
+        [
+            sys.executable,
+            "-c",
+            "import time\nhog = [b'x' * (50 * 2**20) for _ in range(8)]\ntime.sleep(60)",
+        ],
+        env=dict(os.environ, LABS_GRADING_TOKEN=token),
+    )
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     guard = sandbox.MemoryGuard(limit_mb=200, every_s=0.1)
     try:

@@ -1,4 +1,5 @@
 """SHARD=i/m and the scheduler examples that set it (the grading itself: tests/test_course.py)."""
+
 import os
 import subprocess
 
@@ -18,12 +19,15 @@ def test_shard_is_i_of_m_or_m_with_the_index_from_slurm_or_kubernetes():
     assert parse_shard("0/4", {"JOB_COMPLETION_INDEX": "3"}) == (0, 4)  # explicit wins
 
 
-@pytest.mark.parametrize("spec, env, message", [
-    ("4/4", {}, r"SHARD=4/4: shard 4 of 4 does not exist; shards are numbered 0 to 3"),
-    ("a/b", {}, r"SHARD=a/b is not i/m with whole numbers"),
-    ("4", {}, r"SHARD=4 gives the number of shards only, and neither SLURM_ARRAY_TASK_ID"),
-    ("2", {"JOB_COMPLETION_INDEX": "2"}, r"shard 2 of 2 does not exist"),
-])
+@pytest.mark.parametrize(
+    "spec, env, message",
+    [
+        ("4/4", {}, r"SHARD=4/4: shard 4 of 4 does not exist; shards are numbered 0 to 3"),
+        ("a/b", {}, r"SHARD=a/b is not i/m with whole numbers"),
+        ("4", {}, r"SHARD=4 gives the number of shards only, and neither SLURM_ARRAY_TASK_ID"),
+        ("2", {"JOB_COMPLETION_INDEX": "2"}, r"shard 2 of 2 does not exist"),
+    ],
+)
 def test_a_bad_shard_names_the_value_and_what_to_give(spec, env, message):
     with pytest.raises(ValueError, match=message):
         parse_shard(spec, env)

@@ -6,6 +6,7 @@ watches the page: the live dashboard appears while a 3-worker run trains, its wo
 change as the run goes on, and the run's final frame stays after the live widget is gone.
 Then the server is stopped and every process it started is checked gone, by PID.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,8 @@ import urllib.request
 
 import psutil
 import pytest
-from playwright.sync_api import Error as PlaywrightError, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import sync_playwright
 
 from helpers.system.processes import free_ports
 from tools.notebooks import NOTEBOOK_DIR
@@ -80,29 +82,47 @@ def lab(tmp_path, shared_data):
     root.mkdir()
     shutil.copy(NOTEBOOK_DIR / NOTEBOOK, root / NOTEBOOK)
     port, token = free_ports(1)[0], os.urandom(16).hex()
-    env = dict(os.environ, LABS_QUICK="1", LABS_RUNS_DIR=str(tmp_path / "runs"),
-               LABS_DATA_MIRROR=str(shared_data),
-               LABS_DBPEDIA_DIR=str(shared_data / "dbpedia_subset"),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    env = dict(
+        os.environ,
+        LABS_QUICK="1",
+        LABS_RUNS_DIR=str(tmp_path / "runs"),
+        LABS_DATA_MIRROR=str(shared_data),
+        LABS_DBPEDIA_DIR=str(shared_data / "dbpedia_subset"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        JUPYTER_DATA_DIR=str(tmp_path / "data"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+    )
     env.pop("LABS_DASHBOARD", None)
     env.pop("JUPYTER_PATH", None)
     with open(tmp_path / "lab.log", "wb") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={port}",
+                "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}",
+            ]
             + (["--allow-root"] if os.geteuid() == 0 else []),  # CI's containers run as root
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     lab = Lab(f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK}?token={token}", server, tmp_path)
     seen: list[int] = []
     try:
         deadline = time.monotonic() + 120
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}",
-                                       timeout=5).read()
+                urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/api/status?token={token}", timeout=5
+                ).read()
                 break
             except OSError:
                 assert server.poll() is None, (tmp_path / "lab.log").read_text()[-3000:]
@@ -157,8 +177,9 @@ def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
     chromium = _chromium()
     frames: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium,
-                                     args=["--no-sandbox", "--disable-gpu"])
+        browser = pw.chromium.launch(
+            executable_path=chromium, args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.goto(lab.url)

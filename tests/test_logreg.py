@@ -1,4 +1,5 @@
 """Softmax regression, the SGD loop and the metrics table, against TF/Keras and scikit-learn."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,12 +15,15 @@ def blobs(n=600, d=5, k=3, seed=0):
     return (centres[y] + rng.normal(size=(n, d))).astype(np.float32), y
 
 
-@pytest.mark.parametrize("y_true,y_pred,expected", [
-    # class 0: P 1/2 R 1/2 F1 1/2; class 1: P 2/3 R 1 F1 4/5; class 2, never predicted: 0
-    ([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], (3 / 5, (1 / 2 + 2 / 3) / 3, 1.5 / 3, 1.3 / 3)),
-    # class 1 is only predicted, never true: it still counts, with 0 (macro over both)
-    ([0, 0], [0, 1], (1 / 2, 1 / 2, 1 / 4, (2 / 3) / 2)),
-])
+@pytest.mark.parametrize(
+    "y_true,y_pred,expected",
+    [
+        # class 0: P 1/2 R 1/2 F1 1/2; class 1: P 2/3 R 1 F1 4/5; class 2, never predicted: 0
+        ([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], (3 / 5, (1 / 2 + 2 / 3) / 3, 1.5 / 3, 1.3 / 3)),
+        # class 1 is only predicted, never true: it still counts, with 0 (macro over both)
+        ([0, 0], [0, 1], (1 / 2, 1 / 2, 1 / 4, (2 / 3) / 2)),
+    ],
+)
 def test_metrics_table_by_hand(y_true, y_pred, expected):
     ours = logreg.metrics_table(y_true, y_pred)
     got = (ours["accuracy"], ours["macro_precision"], ours["macro_recall"], ours["macro_f1"])
@@ -39,20 +43,23 @@ def test_loss_is_keras_crossentropy_plus_l2_penalty():
     ce, total = model.losses(tf.constant(x), tf.constant(y))
     ref = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, x @ model.w + model.b)
     assert float(ce) == pytest.approx(float(ref), rel=1e-5)
-    assert float(total) == pytest.approx(float(ref) + 0.01 * float(tf.reduce_sum(model.w ** 2)),
-                                         rel=1e-5)
+    assert float(total) == pytest.approx(
+        float(ref) + 0.01 * float(tf.reduce_sum(model.w**2)), rel=1e-5
+    )
 
 
 def test_one_sgd_step_equals_keras_sgd_step():
     x, y = blobs(32)
     ours = logreg.SoftmaxRegression(5, 3, l2=0.1)
-    logreg.train(ours, {"train": (x, y)}, schedules.Constant(0.05), epochs=1,
-                   batch_size=32, progress=False)
+    logreg.train(
+        ours, {"train": (x, y)}, schedules.Constant(0.05), epochs=1, batch_size=32, progress=False
+    )
     w, b = tf.Variable(tf.zeros([5, 3])), tf.Variable(tf.zeros([3]))
     with tf.GradientTape() as tape:
         logits = x @ w + b
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)) \
-            + 0.1 * tf.reduce_sum(w ** 2)
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+        ) + 0.1 * tf.reduce_sum(w**2)
     tf.keras.optimizers.SGD(0.05).apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
     np.testing.assert_allclose(ours.w.numpy(), w.numpy(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(ours.b.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
@@ -61,9 +68,15 @@ def test_one_sgd_step_equals_keras_sgd_step():
 def test_train_learns_separable_blobs_and_records_history(tmp_path):
     x, y = blobs()
     model = logreg.SoftmaxRegression(5, 3, l2=1e-3)
-    hist = logreg.train(model, {"train": (x[:500], y[:500]), "dev": (x[500:], y[500:])},
-                          ExponentialDecay(0.5, 10, 0.96), epochs=4, batch_size=50,
-                          log_dir=tmp_path / "tb", progress=False)
+    hist = logreg.train(
+        model,
+        {"train": (x[:500], y[:500]), "dev": (x[500:], y[500:])},
+        ExponentialDecay(0.5, 10, 0.96),
+        epochs=4,
+        batch_size=50,
+        log_dir=tmp_path / "tb",
+        progress=False,
+    )
     assert len(hist.step_lr) == 4 * 10
     assert hist.step_lr[0] == pytest.approx(0.5)
     assert hist.step_lr[-1] == pytest.approx(0.5 * 0.96 ** (39 / 10), rel=1e-5)
@@ -77,7 +90,8 @@ def test_train_learns_separable_blobs_and_records_history(tmp_path):
             for value in event.summary.value:
                 assert value.metadata.plugin_data.plugin_name == "scalars"
                 logged.setdefault(value.tag, []).append(
-                    (event.step, float(tf.make_ndarray(value.tensor))))
+                    (event.step, float(tf.make_ndarray(value.tensor)))
+                )
     assert [s for s, _ in logged["dev/accuracy"]] == [1, 2, 3, 4]
     np.testing.assert_allclose([v for _, v in logged["dev/accuracy"]], hist.epoch["dev_acc"])
     assert logged["learning_rate"][0] == (0, pytest.approx(0.5))
@@ -86,10 +100,18 @@ def test_train_learns_separable_blobs_and_records_history(tmp_path):
 def test_an_exploding_rate_is_recorded_not_raised():
     x, y = blobs()
     model = logreg.SoftmaxRegression(5, 3)
-    hist = logreg.train(model, {"train": (x * 100, y)}, ExponentialDecay(1.0, 1, 10.0),
-                          epochs=3, batch_size=100, progress=False)
-    assert not np.all(np.isfinite(hist.epoch["train_loss"])) or \
-        hist.epoch["train_loss"][-1] > hist.epoch["train_loss"][0]
+    hist = logreg.train(
+        model,
+        {"train": (x * 100, y)},
+        ExponentialDecay(1.0, 1, 10.0),
+        epochs=3,
+        batch_size=100,
+        progress=False,
+    )
+    assert (
+        not np.all(np.isfinite(hist.epoch["train_loss"]))
+        or hist.epoch["train_loss"][-1] > hist.epoch["train_loss"][0]
+    )
     assert logreg.oscillation(hist.step_loss) > 0.3
 
 
@@ -99,15 +121,19 @@ def test_oscillation_counts_rises():
     assert logreg.oscillation([1, np.nan, np.inf]) == 1
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(epochs=0, batch_size=10), "epochs must be a positive integer, got 0"),
-    (dict(epochs=1, batch_size=0), "batch_size must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(epochs=0, batch_size=10), "epochs must be a positive integer, got 0"),
+        (dict(epochs=1, batch_size=0), "batch_size must be a positive integer, got 0"),
+    ],
+)
 def test_train_refuses_bad_arguments(kwargs, message):
     x, y = blobs(20)
     with pytest.raises(ValueError, match=message):
-        logreg.train(logreg.SoftmaxRegression(5, 3), {"train": (x, y)},
-                       schedules.Constant(0.1), **kwargs)
+        logreg.train(
+            logreg.SoftmaxRegression(5, 3), {"train": (x, y)}, schedules.Constant(0.1), **kwargs
+        )
 
 
 def test_model_refuses_negative_l2():

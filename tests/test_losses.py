@@ -1,10 +1,16 @@
 """Weighted kappa loss against sklearn's Cohen's kappa; the registry against Keras/TF losses."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
 from sklearn.metrics import cohen_kappa_score
 
-from helpers.training.losses import LOSSES, WeightedKappaLoss, make_loss, weighted_sigmoid_cross_entropy
+from helpers.training.losses import (
+    LOSSES,
+    WeightedKappaLoss,
+    make_loss,
+    weighted_sigmoid_cross_entropy,
+)
 
 K = 5
 RNG = np.random.default_rng(0)
@@ -19,8 +25,9 @@ def _kappa_of_soft(labels, probs, weights):
     n, k = probs.shape
     y_true = np.repeat(labels, k)
     y_pred = np.tile(np.arange(k), n)
-    return cohen_kappa_score(y_true, y_pred, weights=weights, sample_weight=probs.ravel(),
-                             labels=np.arange(k))
+    return cohen_kappa_score(
+        y_true, y_pred, weights=weights, sample_weight=probs.ravel(), labels=np.arange(k)
+    )
 
 
 @pytest.mark.parametrize("weightage", ["quadratic", "linear"])
@@ -39,7 +46,8 @@ def test_kappa_loss_on_soft_predictions_matches_weighted_sklearn_kappa(weightage
     logits = RNG.normal(size=(64, K)).astype("float32") + 3 * _onehot(labels)
     probs = tf.nn.softmax(logits).numpy().astype("float64")
     loss = WeightedKappaLoss(K, weightage=weightage, epsilon=1e-6, from_logits=True)(
-        _onehot(labels), logits)
+        _onehot(labels), logits
+    )
     kappa = _kappa_of_soft(labels, probs, weightage)
     np.testing.assert_allclose(float(loss), np.log(1.0 - kappa + 1e-6), rtol=1e-4)
 
@@ -87,11 +95,16 @@ def test_registry_losses_match_tf_nn_references():
     p = tf.sigmoid(z)
     p_t = y * p + (1 - y) * (1 - p)
     alpha_t = y * 0.25 + (1 - y) * 0.75  # TFA's sigmoid_focal_crossentropy, alpha .25 gamma 2
-    refs["sigmoid_focal_ce"] = (alpha_t * (1 - p_t) ** 2
-                                * tf.nn.sigmoid_cross_entropy_with_logits(y, z))
+    refs["sigmoid_focal_ce"] = (
+        alpha_t * (1 - p_t) ** 2 * tf.nn.sigmoid_cross_entropy_with_logits(y, z)
+    )
     for name, ref in refs.items():
-        np.testing.assert_allclose(float(make_loss(name, K)(labels, z)),
-                                   float(tf.reduce_mean(ref)), rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            float(make_loss(name, K)(labels, z)),
+            float(tf.reduce_mean(ref)),
+            rtol=1e-5,
+            err_msg=name,
+        )
     for name in LOSSES:
         assert np.isfinite(float(make_loss(name, K)(labels, z)))
     with pytest.raises(ValueError, match="unknown loss 'hinge'"):

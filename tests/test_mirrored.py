@@ -1,4 +1,5 @@
 """helpers.training.mirrored: each configuration in a child process; crashes are reported and retried."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ def tiny_job(**fault):
 
 
 def no_children_left():
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_a_configuration_trains_in_its_own_process(shared_data, monkeypatch):
@@ -43,12 +45,17 @@ def test_a_crash_is_reported_and_the_configuration_runs_once_more(shared_data, m
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
     res = mirrored.run(tiny_job(signal="SIGSEGV", attempts=[1]), name="test")
     assert res["attempts"] == 2 and res["test_acc"]
-    assert "test: the child process killed by SIGSEGV; running it once more" in capsys.readouterr().out
+    assert (
+        "test: the child process killed by SIGSEGV; running it once more" in capsys.readouterr().out
+    )
 
 
 def test_a_crash_on_every_attempt_fails_naming_the_signal_and_the_log():
-    with pytest.raises(mirrored.MirroredRunError, match=r"killed by SIGABRT \(attempt 2 of 2\)"
-                       r"[\s\S]*--- last lines of .*test-\d+-2\.log ---"):
+    with pytest.raises(
+        mirrored.MirroredRunError,
+        match=r"killed by SIGABRT \(attempt 2 of 2\)"
+        r"[\s\S]*--- last lines of .*test-\d+-2\.log ---",
+    ):
         mirrored.run(tiny_job(signal="SIGABRT", attempts=[1, 2]), name="test")
     assert not no_children_left()
 
@@ -59,13 +66,19 @@ def test_a_run_past_its_timeout_is_ended_and_not_retried():
     assert not no_children_left()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"replicas": 0}, "replicas must be an integer >= 1, got 0"),
-    ({"batches": []}, r"batches must list one batch size per epoch, each from 1 to n=256, got \[\]"),
-    ({"batches": [512]}, r"each from 1 to n=256, got \[512\]"),
-    ({"evaluate": "never"}, r"evaluate must be one of \('epoch', 'end'\), got 'never'"),
-    ({"optimizer": "adam"}, "optimizer must be a Keras optimizer, got 'adam'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"replicas": 0}, "replicas must be an integer >= 1, got 0"),
+        (
+            {"batches": []},
+            r"batches must list one batch size per epoch, each from 1 to n=256, got \[\]",
+        ),
+        ({"batches": [512]}, r"each from 1 to n=256, got \[512\]"),
+        ({"evaluate": "never"}, r"evaluate must be one of \('epoch', 'end'\), got 'never'"),
+        ({"optimizer": "adam"}, "optimizer must be a Keras optimizer, got 'adam'"),
+    ],
+)
 def test_bad_values_are_refused_naming_them(kwargs, message):
     args = {"replicas": 2, "optimizer": keras.optimizers.Adam(1e-3), "batches": [64], "n": 256}
     with pytest.raises(ValueError, match=message):

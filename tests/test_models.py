@@ -1,4 +1,5 @@
 """The compiled test-set scorer agrees with the eager one, and follows the model's weights."""
+
 import numpy as np
 
 from helpers.training import models
@@ -6,8 +7,10 @@ from helpers.training import models
 
 def _data(n=1030):  # not a multiple of the batch of 250
     rng = np.random.default_rng(0)
-    return (rng.normal(size=(n, 784)).astype("float32"),
-            rng.integers(0, 10, size=n).astype("int32"))
+    return (
+        rng.normal(size=(n, 784)).astype("float32"),
+        rng.integers(0, 10, size=n).astype("int32"),
+    )
 
 
 def test_accuracy_fn_matches_accuracy():

@@ -1,4 +1,5 @@
 """The notebook collection: naming, skeleton, committed clean, index fresh, all collected."""
+
 import json
 import re
 import shutil
@@ -25,7 +26,9 @@ def test_every_ipynb_follows_the_naming_scheme():
 def test_notebooks_are_committed_without_outputs(path):
     for i, cell in enumerate(read(path).cells):
         if cell.cell_type == "code":
-            assert not cell.outputs and cell.execution_count is None, f"{path.name} cell {i} has output"
+            assert not cell.outputs and cell.execution_count is None, (
+                f"{path.name} cell {i} has output"
+            )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -46,8 +49,13 @@ def test_lessons_follow_the_house_skeleton(path):
     title, objectives = title_and_objectives(nb)
     assert title and len(objectives) >= 2, f"{path.name}: title and >= 2 learning objectives"
     assert "Expected run time" in nb.cells[0].source
-    headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()
-                if line.startswith("## ")]
+    headings = [
+        line
+        for c in nb.cells
+        if c.cell_type == "markdown"
+        for line in c.source.splitlines()
+        if line.startswith("## ")
+    ]
     for needed in ("## Setup", "## Summary", "## Exercises"):
         assert needed in headings, f"{path.name} lacks a '{needed}' section"
     counts = {t: sum(t in tags(c) for c in nb.cells) for t in ("exercise", "solution", "checker")}
@@ -63,20 +71,27 @@ def test_stale_table_of_contents_is_detected(tmp_path):
     shutil.copytree(NOTEBOOK_DIR, folder)
     lesson = folder / "99_new_lesson.ipynb"
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(
-        "# A new lesson\n\nWhy.\n\n**Learning objectives**\n- one thing\n- another\n")]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(
+            "# A new lesson\n\nWhy.\n\n**Learning objectives**\n- one thing\n- another\n"
+        )
+    ]
     nbformat.write(nb, str(lesson))
     assert make_index.main(["--check", "--folder", str(folder)]) == 1
     assert make_index.main(["--folder", str(folder)]) == 0  # rewrites it
     assert make_index.main(["--check", "--folder", str(folder)]) == 0
-    assert "[A new lesson](99_new_lesson.ipynb) | one thing<br>another |" in make_index.toc_markdown(folder)
+    assert (
+        "[A new lesson](99_new_lesson.ipynb) | one thing<br>another |"
+        in make_index.toc_markdown(folder)
+    )
 
 
 def test_run_times_are_measured_for_every_notebook_in_both_modes():
     times = make_index.run_times()
     for path in NOTEBOOKS:
-        assert {"full", "quick"} <= set(times.get(path.stem, {})), \
+        assert {"full", "quick"} <= set(times.get(path.stem, {})), (
             f"{path.stem}: run it with `make run` and `python -m tools.run_notebooks --quick --record-times`"
+        )
 
 
 def test_a_new_measurement_makes_the_run_time_line_stale(tmp_path):
@@ -101,8 +116,9 @@ HISTORY = re.compile(r"\bissue #?\d+|[\w.-]+/[\w.-]+#\d+|py-spy|\bgdb\b", re.I)
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_lessons_carry_no_development_history(path):
-    found = [(i, m.group(0)) for i, c in enumerate(read(path).cells)
-             for m in HISTORY.finditer(c.source)]
+    found = [
+        (i, m.group(0)) for i, c in enumerate(read(path).cells) for m in HISTORY.finditer(c.source)
+    ]
     assert not found, f"{path.name}: {found}"
 
 
@@ -114,9 +130,22 @@ def test_the_history_check_can_fail():
 
 def test_nbval_collects_every_notebook():
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--nbval-lax",
-         "--nbval-current-env", "-p", "no:cacheprovider", "notebooks"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "-p",
+            "no:cacheprovider",
+            "notebooks",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     collected = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
@@ -127,8 +156,11 @@ def test_make_test_runs_each_notebook_once():
     """nbval leaves out exactly the notebooks test_executed_copies runs through the runner."""
     from tests.test_executed_copies import NOTEBOOKS as THROUGH_THE_RUNNER
 
-    [line] = [line for line in (REPO_ROOT / "Makefile").read_text().splitlines()
-              if line.startswith("RUNNER_CHECKED =")]
+    [line] = [
+        line
+        for line in (REPO_ROOT / "Makefile").read_text().splitlines()
+        if line.startswith("RUNNER_CHECKED =")
+    ]
     assert set(line.split("=", 1)[1].split()) == set(THROUGH_THE_RUNNER)
     assert "$(RUNNER_CHECKED:%=--ignore=notebooks/%.ipynb)" in (REPO_ROOT / "Makefile").read_text()
 

@@ -1,9 +1,15 @@
 """Our Keras 3 proximal optimizers against TF1's reference ones, run in graph mode."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers.training.optimizers import OPTIMIZERS, ProximalAdagrad, ProximalGradientDescent, make_optimizer
+from helpers.training.optimizers import (
+    OPTIMIZERS,
+    ProximalAdagrad,
+    ProximalGradientDescent,
+    make_optimizer,
+)
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(32, 5)).astype("float32")
@@ -25,11 +31,15 @@ def _reference(kind, lr, l1, l2, init_acc=0.1):
         b = tf.compat.v1.Variable(B0)
         if kind == "gd":
             opt = tf.compat.v1.train.ProximalGradientDescentOptimizer(
-                lr, l1_regularization_strength=l1, l2_regularization_strength=l2)
+                lr, l1_regularization_strength=l1, l2_regularization_strength=l2
+            )
         else:
             opt = tf.compat.v1.train.ProximalAdagradOptimizer(
-                lr, initial_accumulator_value=init_acc,
-                l1_regularization_strength=l1, l2_regularization_strength=l2)
+                lr,
+                initial_accumulator_value=init_acc,
+                l1_regularization_strength=l1,
+                l2_regularization_strength=l2,
+            )
         train_op = opt.minimize(_loss(w, b), var_list=[w, b])
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())

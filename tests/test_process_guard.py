@@ -1,4 +1,5 @@
 """The test session itself fails, and cleans up, when a test leaves a process running."""
+
 import subprocess
 import sys
 import textwrap
@@ -11,17 +12,33 @@ from helpers.config import REPO_ROOT
 def test_session_fails_and_kills_a_leftover_child(tmp_path):
     leaky = tmp_path / "test_leaky.py"
     pid_file = tmp_path / "pid"
-    leaky.write_text(textwrap.dedent(f"""
+    leaky.write_text(
+        textwrap.dedent(f"""
         import subprocess, sys
         def test_leaves_a_process_behind():
             p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
             open({str(pid_file)!r}, "w").write(str(p.pid))
-    """))
+    """)
+    )
     out = subprocess.run(
         # -p conftest: load the repo's root conftest.py, whose guard is under test.
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
-         "--rootdir", str(tmp_path), str(leaky)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "conftest",
+            "--rootdir",
+            str(tmp_path),
+            str(leaky),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 1, out.stdout[-1500:]
     assert "1 passed" in out.stdout  # the test itself passed: the session check failed it

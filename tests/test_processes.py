@@ -1,4 +1,5 @@
 """The process plumbing every launcher shares: ports, children, their results and their end."""
+
 import json
 import os
 import queue
@@ -11,8 +12,15 @@ import psutil
 import pytest
 
 from helpers.config import REPO_ROOT
+from helpers.system.processes import (
+    ChildProcess,
+    NoResult,
+    end_all,
+    free_ports,
+    log_tail,
+    wait_for_results,
+)
 from tests.process_cleanup import end_parent_and_pids
-from helpers.system.processes import ChildProcess, NoResult, end_all, free_ports, log_tail, wait_for_results
 
 
 def _child(tmp_path, name, code):
@@ -30,9 +38,13 @@ def test_free_ports_are_distinct_and_bindable():
 
 
 def test_a_child_reports_its_result_and_is_ended_by_pid(tmp_path):
-    procs, inbox = _child(tmp_path, "ok", 'import json, sys; print("noise"); '
-                          'print(json.dumps({"event": "done", "result": {"x": 1}})); '
-                          'print("to the log", file=sys.stderr)')
+    procs, inbox = _child(
+        tmp_path,
+        "ok",
+        'import json, sys; print("noise"); '
+        'print(json.dumps({"event": "done", "result": {"x": 1}})); '
+        'print("to the log", file=sys.stderr)',
+    )
     assert wait_for_results(procs, inbox, ["ok"], timeout=60) == {"ok": {"x": 1}}
     procs["ok"].kill()
     assert not psutil.pid_exists(procs["ok"].pid)
@@ -60,12 +72,19 @@ def test_end_all_ends_children_together_and_says_how_each_ended(tmp_path):
     """Children that ignore SIGTERM (as MultiWorkerMirroredStrategy's workers do: its
     preemption notifier catches it) cost one grace period together, not one each."""
     inbox = queue.Queue()
-    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "print('{\"event\": \"up\"}', flush=True); time.sleep(300)")
-    procs = [ChildProcess(f"stubborn{i}", [sys.executable, "-c", stubborn], {},
-                          tmp_path / f"s{i}.log", inbox) for i in range(2)]
-    procs.append(ChildProcess("quick", [sys.executable, "-c", "pass"], {},
-                              tmp_path / "q.log", inbox))
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        'print(\'{"event": "up"}\', flush=True); time.sleep(300)'
+    )
+    procs = [
+        ChildProcess(
+            f"stubborn{i}", [sys.executable, "-c", stubborn], {}, tmp_path / f"s{i}.log", inbox
+        )
+        for i in range(2)
+    ]
+    procs.append(
+        ChildProcess("quick", [sys.executable, "-c", "pass"], {}, tmp_path / "q.log", inbox)
+    )
     up = set()
     while up != {"stubborn0", "stubborn1"}:  # both handlers are installed
         name, msg = inbox.get(timeout=60)
@@ -111,11 +130,18 @@ sys.stdin.read()
 """
 
 
-def _kill_parent_and_count_survivors(pdeathsig: str, watch: str, grouped: str
-                                     ) -> tuple[bool, list[int]]:
+def _kill_parent_and_count_survivors(
+    pdeathsig: str, watch: str, grouped: str
+) -> tuple[bool, list[int]]:
     env = dict(os.environ, LABS_PDEATHSIG=pdeathsig, WATCH=watch, GROUPED=grouped)
-    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_PARENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+    )
     pids = []
     try:
         started = json.loads(parent.stdout.readline())
@@ -158,6 +184,13 @@ def test_a_lifeline_inherited_from_a_grandparent_is_not_watched():
     descriptor number that means something else there) does not read that descriptor."""
     env = dict(os.environ, LABS_LIFELINE=f"0:{os.getpid() + 1}")
     code = "from helpers.system.processes import watch_lifeline; print(watch_lifeline())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.stdout.strip() == "False", out.stderr

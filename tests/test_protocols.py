@@ -1,4 +1,5 @@
 """The written-down protocols: event kinds of a run's logs, and parent-child control lines."""
+
 import json
 
 import pytest

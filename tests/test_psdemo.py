@@ -1,5 +1,6 @@
 """The parameter-server demo of notebook 05: named resources are shared, plain variables are
 not, and every process it starts is gone when it returns, also on a timeout."""
+
 import psutil
 import pytest
 
@@ -10,8 +11,11 @@ pytestmark = pytest.mark.slow
 
 
 def _alive(pids):
-    return [p for p in pids if psutil.pid_exists(p)
-            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_demo_shares_named_resources_only_and_leaves_nothing():

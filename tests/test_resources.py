@@ -1,5 +1,6 @@
 """ResourceMonitor on real processes: RSS counts shared pages in full, PSS splits them, USS
 leaves them out."""
+
 import os
 import signal
 import subprocess
@@ -8,7 +9,6 @@ import textwrap
 import time
 
 import psutil
-
 import pytest
 
 from helpers.system import resources
@@ -30,8 +30,12 @@ FORKED_PAIR = textwrap.dedent("""
 
 
 def test_pss_splits_pages_two_processes_share_and_uss_leaves_them_out():
-    parent = subprocess.Popen([sys.executable, "-c", FORKED_PAIR], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORKED_PAIR],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = None
     try:
         child = int(parent.stdout.readline())
@@ -83,8 +87,10 @@ def _cgroup_tree(tmp_path, v2_levels=None, v1=None):
 
 def test_a_pods_memory_limit_is_read_from_its_cgroup_and_its_ancestors(tmp_path):
     mb = 2**20
-    root, own = _cgroup_tree(tmp_path, [("", ("max", 0)), ("kubepods", (4096 * mb, 3000 * mb)),
-                                        ("pod", ("max", 1000 * mb))])
+    root, own = _cgroup_tree(
+        tmp_path,
+        [("", ("max", 0)), ("kubepods", (4096 * mb, 3000 * mb)), ("pod", ("max", 1000 * mb))],
+    )
     assert resources._cgroup_free_mb(root, own) == 1096  # the parent's limit is the tight one
     root, own = _cgroup_tree(tmp_path / "v1", v1=(2048 * mb, 512 * mb))
     assert resources._cgroup_free_mb(root, own) == 1536
@@ -97,8 +103,9 @@ def test_labs_memory_mb_lowers_what_is_available_and_bad_values_are_named(monkey
     monkeypatch.setenv("LABS_MEMORY_MB", "700")
     assert resources.available_memory_mb() == (700, "LABS_MEMORY_MB")
     monkeypatch.setenv("LABS_MEMORY_MB", "lots")
-    with pytest.raises(ValueError, match="LABS_MEMORY_MB must be a whole number of MB above 0, "
-                                         "got 'lots'"):
+    with pytest.raises(
+        ValueError, match="LABS_MEMORY_MB must be a whole number of MB above 0, got 'lots'"
+    ):
         resources.available_memory_mb()
 
 
@@ -116,11 +123,15 @@ def test_a_cluster_that_does_not_fit_is_refused_before_any_process_starts(monkey
         "A cluster of 1 PS, 5 worker(s) and an evaluator needs about 3,360 MB (7 TensorFlow "
         "processes of about 480 MB each), but only 1,500 MB is free here (LABS_MEMORY_MB). "
         "Start fewer workers (workers=1 would fit), close other notebooks or programs, or run on "
-        "a machine with more memory.")
+        "a machine with more memory."
+    )
     assert cluster.procs == {} and cluster.dir is None and not cluster.isolated
     tf_cluster = TFConfigCluster({"worker": 4}, {"kind": "server"}, servers=())
-    with pytest.raises(TFConfigError, match=r"4 tasks needs about 1,920 MB .* Use fewer tasks "
-                                            r"\(3 would fit\)"):
+    with pytest.raises(
+        TFConfigError,
+        match=r"4 tasks needs about 1,920 MB .* Use fewer tasks "
+        r"\(3 would fit\)",
+    ):
         tf_cluster.start()
     assert tf_cluster.procs == {} and not tf_cluster.network.isolated
     assert psutil.Process().children(recursive=True) == before

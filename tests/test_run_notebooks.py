@@ -1,4 +1,5 @@
 """`make run`'s runner: Ctrl-C stops it with an INTERRUPTED row, exit 130 and no kernel left."""
+
 import signal
 import subprocess
 import sys
@@ -17,7 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def notebook(path: Path, source: str) -> None:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nbformat.write(nb, str(path))
 
 
@@ -28,13 +33,27 @@ def _sigint_default():
 
 def test_ctrl_c_reports_interrupted_and_leaves_no_kernel(tmp_path):
     pid_file = tmp_path / "kernel.pid"
-    notebook(tmp_path / "01_sleeps.ipynb",
-             f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)")
+    notebook(
+        tmp_path / "01_sleeps.ipynb",
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)",
+    )
     notebook(tmp_path / "02_never_runs.ipynb", "print('should not run')")
     runner = subprocess.Popen(
-        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path),
-         "--out", str(tmp_path / "build")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, preexec_fn=_sigint_default, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "tools.run_notebooks",
+            "--dir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "build"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_sigint_default,
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 60
         while not pid_file.exists() or not pid_file.read_text():

@@ -1,4 +1,5 @@
 """The schedules Keras lacks, checked against Keras' own where they overlap."""
+
 import keras
 import numpy as np
 import pytest
@@ -18,15 +19,20 @@ def test_constant_is_exponential_decay_with_factor_one():
     np.testing.assert_allclose(keras_rates(schedules.Constant(0.3)), keras_rates(ref), rtol=1e-6)
 
 
-@pytest.mark.parametrize("schedule", [
-    keras.optimizers.schedules.ExponentialDecay(0.5, 100, 0.96, staircase=True),
-    keras.optimizers.schedules.CosineDecay(0.01, 1200, alpha=0.1, warmup_target=0.8,
-                                           warmup_steps=150),
-    schedules.Constant(0.2),
-])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        keras.optimizers.schedules.ExponentialDecay(0.5, 100, 0.96, staircase=True),
+        keras.optimizers.schedules.CosineDecay(
+            0.01, 1200, alpha=0.1, warmup_target=0.8, warmup_steps=150
+        ),
+        schedules.Constant(0.2),
+    ],
+)
 def test_rates_evaluates_any_schedule_step_by_step(schedule):
-    np.testing.assert_allclose(schedules.rates(schedule, 2001)[STEPS], keras_rates(schedule),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        schedules.rates(schedule, 2001)[STEPS], keras_rates(schedule), rtol=1e-5, atol=1e-7
+    )
 
 
 def test_staircase_is_flat_within_each_block_and_continuous_is_not():
@@ -47,11 +53,14 @@ def test_constant_drives_a_keras_optimizer_and_round_trips():
     np.testing.assert_allclose(schedules.rates(clone, 20), 0.2)
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: schedules.Constant(0), "rate must be a positive number, got 0"),
-    (lambda: schedules.Constant(True), "rate must be a positive number, got True"),
-    (lambda: schedules.rates(schedules.Constant(0.1), 0), "steps must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: schedules.Constant(0), "rate must be a positive number, got 0"),
+        (lambda: schedules.Constant(True), "rate must be a positive number, got True"),
+        (lambda: schedules.rates(schedules.Constant(0.1), 0), "steps must be a positive integer"),
+    ],
+)
 def test_bad_arguments_are_refused_with_the_value(make, message):
     with pytest.raises(ValueError, match=message):
         make()

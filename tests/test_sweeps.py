@@ -1,4 +1,5 @@
 """The sweep cache: each finished run is stored once, re-runs skip it, failures leave nothing."""
+
 import json
 
 import pytest

@@ -1,4 +1,5 @@
 """The streaming DBpedia corpus, Doc2Vec training/inference and the features on disk."""
+
 import json
 
 import numpy as np
@@ -65,8 +66,9 @@ def small_model(shared_data):
         # 40 epochs: gensim seeds word vectors with Python's hash(), which differs between
         # processes unless PYTHONHASHSEED is set; at 15 epochs the rank-0 share below swung
         # 0.55-0.65 over hash seeds, at 40 it stays 0.775-0.8.
-        model = doc2vec.train_doc2vec(corpus, dm=0, vector_size=24, epochs=40, seed=0,
-                                   workers=1, progress=False)
+        model = doc2vec.train_doc2vec(
+            corpus, dm=0, vector_size=24, epochs=40, seed=0, workers=1, progress=False
+        )
         return corpus, model, list(corpus)
 
 
@@ -81,17 +83,24 @@ def test_inferred_vectors_sit_near_the_trained_ones(small_model):
     inferred = doc2vec.infer_vectors(model, docs[:40], progress=False)
     assert inferred.shape == (40, 24) and inferred.dtype == np.float32
     trained = model.dv.vectors[:40]
-    cos = (inferred / np.linalg.norm(inferred, axis=1, keepdims=True)) @ \
-          (trained / np.linalg.norm(trained, axis=1, keepdims=True)).T
+    cos = (inferred / np.linalg.norm(inferred, axis=1, keepdims=True)) @ (
+        trained / np.linalg.norm(trained, axis=1, keepdims=True)
+    ).T
     own_rank = (cos > np.diag(cos)[:, None]).sum(axis=1)  # 0 = its own vector is the nearest
     assert np.mean(own_rank == 0) > 0.6, own_rank
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(dm=2, vector_size=10, epochs=1), "dm must be 0 \\(PV-DBOW\\) or 1 \\(PV-DM\\), got 2"),
-    (dict(dm=0, vector_size=0, epochs=1), "vector_size must be a positive integer, got 0"),
-    (dict(dm=0, vector_size=10, epochs=-1), "epochs must be a positive integer, got -1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            dict(dm=2, vector_size=10, epochs=1),
+            "dm must be 0 \\(PV-DBOW\\) or 1 \\(PV-DM\\), got 2",
+        ),
+        (dict(dm=0, vector_size=0, epochs=1), "vector_size must be a positive integer, got 0"),
+        (dict(dm=0, vector_size=10, epochs=-1), "epochs must be a positive integer, got -1"),
+    ],
+)
 def test_train_doc2vec_refuses_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         doc2vec.train_doc2vec([TaggedDocument(["a", "b"], [0])], progress=False, **kwargs)
@@ -99,8 +108,10 @@ def test_train_doc2vec_refuses_bad_arguments(kwargs, message):
 
 def fake_features(n=6, d=3, seed=0):
     rng = np.random.default_rng(seed)
-    return {s: (rng.normal(size=(n, d)).astype(np.float32), rng.integers(0, 14, n))
-            for s in dbpedia.SPLITS}
+    return {
+        s: (rng.normal(size=(n, d)).astype(np.float32), rng.integers(0, 14, n))
+        for s in dbpedia.SPLITS
+    }
 
 
 def test_features_round_trip_with_metadata(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
 """The TF_CONFIG launcher: real processes, real MultiWorkerMirroredStrategy, nothing left behind."""
+
 import json
 import os
 import signal
@@ -8,25 +9,30 @@ import time
 import psutil
 import pytest
 
-from helpers.cluster import strategies
+from helpers.cluster import strategies, tfconfig
 from helpers.system import netns
-from helpers.cluster import tfconfig
 
 # starts TF_CONFIG clusters for TF's own strategies: `make unit` leaves it out
 pytestmark = pytest.mark.slow
 
 
 def _alive(pids):
-    return [p for p in pids if psutil.pid_exists(p)
-            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
-@pytest.mark.parametrize("roles, match", [
-    ({"worker": 0}, "worker tasks must be an integer >= 1"),
-    ({"gpu": 1, "worker": 1}, "unknown task type 'gpu'"),
-    ({"chief": 2, "worker": 1}, "at most one chief"),
-    ({"ps": 1}, "at least one worker"),
-])
+@pytest.mark.parametrize(
+    "roles, match",
+    [
+        ({"worker": 0}, "worker tasks must be an integer >= 1"),
+        ({"gpu": 1, "worker": 1}, "unknown task type 'gpu'"),
+        ({"chief": 2, "worker": 1}, "at most one chief"),
+        ({"ps": 1}, "at least one worker"),
+    ],
+)
 def test_bad_roles_raise_before_any_process(roles, match):
     before = psutil.Process().children(recursive=True)
     with pytest.raises(ValueError, match=match):
@@ -35,8 +41,14 @@ def test_bad_roles_raise_before_any_process(roles, match):
 
 
 def test_bad_job_and_servers_raise():
-    job = {"kind": "mwms", "model": "lenet", "train_size": 100, "test_size": 10, "lr": 0.1,
-           "runs": [{"batch_size": 0}]}
+    job = {
+        "kind": "mwms",
+        "model": "lenet",
+        "train_size": 100,
+        "test_size": 10,
+        "lr": 0.1,
+        "runs": [{"batch_size": 0}],
+    }
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
         tfconfig.TFConfigCluster({"worker": 1}, job)
     with pytest.raises(ValueError, match="leaves no task"):
@@ -55,8 +67,9 @@ def test_tf_config_is_what_tensorflow_reads(monkeypatch):
 
 
 def test_failing_task_raises_with_its_log_and_leaves_no_process():
-    cluster = tfconfig.TFConfigCluster({"worker": 2}, {"kind": "server"},
-                                       module="helpers.no_such_module", timeout=60)
+    cluster = tfconfig.TFConfigCluster(
+        {"worker": 2}, {"kind": "server"}, module="helpers.no_such_module", timeout=60
+    )
     with cluster:
         pids = list(cluster.pids.values())
         with pytest.raises(tfconfig.TFConfigError, match="exited with code 1") as err:
@@ -66,8 +79,9 @@ def test_failing_task_raises_with_its_log_and_leaves_no_process():
 
 
 def test_timeout_ends_every_process():
-    cluster = tfconfig.TFConfigCluster({"worker": 1, "ps": 1}, {"kind": "server"},
-                                       servers=("ps",), timeout=3)
+    cluster = tfconfig.TFConfigCluster(
+        {"worker": 1, "ps": 1}, {"kind": "server"}, servers=("ps",), timeout=3
+    )
     with cluster:
         pids = list(cluster.pids.values())
         with pytest.raises(tfconfig.TFConfigError, match=r"timed out after 3 s .*worker:0"):
@@ -77,16 +91,24 @@ def test_timeout_ends_every_process():
 
 def test_two_mwms_workers_stay_identical_and_learn(shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
-    job = {"kind": "mwms", "model": "logreg", "optimizer": "sgd", "lr": 0.5,
-           "train_size": 2048, "test_size": 1000, "runs": [{"batch_size": 128, "epochs": 2}]}
+    job = {
+        "kind": "mwms",
+        "model": "logreg",
+        "optimizer": "sgd",
+        "lr": 0.5,
+        "train_size": 2048,
+        "test_size": 1000,
+        "runs": [{"batch_size": 128, "epochs": 2}],
+    }
     launch = tfconfig.run({"worker": 2}, job, timeout=240)
     results, resources = launch.results, launch.resources
     runs = [results[f"worker:{i}"]["runs"][0] for i in range(2)]
     # every step all-reduces the gradients, so both replicas hold the same weights
     assert runs[0]["weights_checksum"] == pytest.approx(runs[1]["weights_checksum"], rel=1e-6)
     # each scored half of the test set; the all-reduced hits give both the same accuracy
-    assert [h["test_accuracy"] for h in runs[0]["history"]] == \
-        [h["test_accuracy"] for h in runs[1]["history"]]
+    assert [h["test_accuracy"] for h in runs[0]["history"]] == [
+        h["test_accuracy"] for h in runs[1]["history"]
+    ]
     assert runs[0]["history"][-1]["loss"] < runs[0]["history"][0]["loss"]
     assert runs[0]["test_accuracy"] > 0.8  # softmax regression, 32 SGD steps
     assert runs[0]["bytes_sent"] == strategies.ring_bytes(7850 * 4, 2) * 16 * 2
@@ -106,16 +128,25 @@ def test_two_mwms_workers_stay_identical_and_learn(shared_data, monkeypatch):
     assert phases["train_s"] == results["worker:0"]["train_s"] and phases["other_s"] >= 0
 
 
-def test_parameter_server_strategy_shards_variables_over_two_ps(shared_data, monkeypatch,
-                                                                 tmp_path):
+def test_parameter_server_strategy_shards_variables_over_two_ps(shared_data, monkeypatch, tmp_path):
     """TF's ParameterServerStrategy with 2 PS tasks and a FixedShardsPartitioner: every
     variable in two shards, one per PS, trained by the coordinator's scheduled steps."""
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
     rows = strategies.write_mnist_rows(tmp_path / "rows.u8", 3000, seed=0)
-    job = {"kind": "ps", "model": "logreg", "batch_size": 64, "lr": 0.2, "steps": 150,
-           "train_size": 3000, "test_size": 500, "seed": 0, "data_file": str(rows)}
-    launch = tfconfig.run({"chief": 1, "worker": 2, "ps": 2}, job, servers=("worker", "ps"),
-                          timeout=300)
+    job = {
+        "kind": "ps",
+        "model": "logreg",
+        "batch_size": 64,
+        "lr": 0.2,
+        "steps": 150,
+        "train_size": 3000,
+        "test_size": 500,
+        "seed": 0,
+        "data_file": str(rows),
+    }
+    launch = tfconfig.run(
+        {"chief": 1, "worker": 2, "ps": 2}, job, servers=("worker", "ps"), timeout=300
+    )
     result = launch.results["chief:0"]
     assert result["ps"] == 2 and result["shards"] == [2, 2]  # weights and bias, halved
     assert result["loss_last"] < result["loss_first"] and result["test_accuracy"] > 0.75
@@ -125,8 +156,14 @@ def test_parameter_server_strategy_shards_variables_over_two_ps(shared_data, mon
 
 
 def test_batch_must_split_evenly_over_the_workers():
-    job = {"kind": "mwms", "model": "lenet", "train_size": 100, "test_size": 10, "lr": 0.1,
-           "runs": [{"batch_size": 128}]}
+    job = {
+        "kind": "mwms",
+        "model": "lenet",
+        "train_size": 100,
+        "test_size": 10,
+        "lr": 0.1,
+        "runs": [{"batch_size": 128}],
+    }
     with pytest.raises(ValueError, match="batch_size 128 must be divisible by the 3 workers"):
         tfconfig.TFConfigCluster({"worker": 3}, job)
 
@@ -135,8 +172,9 @@ def test_isolated_tf_config_cluster_listens_on_no_host_port():
     """TF's servers bind to every interface: inside the private namespace that is only lo."""
     if netns.unavailable_reason():
         pytest.skip(f"no private network namespace here: {netns.unavailable_reason()}")
-    cluster = tfconfig.TFConfigCluster({"worker": 1, "ps": 1}, {"kind": "server"},
-                                       servers=("ps",), timeout=60, isolate=True)
+    cluster = tfconfig.TFConfigCluster(
+        {"worker": 1, "ps": 1}, {"kind": "server"}, servers=("ps",), timeout=60, isolate=True
+    )
     with cluster:
         ports = {int(a.rsplit(":", 1)[1]) for addrs in cluster.cluster.values() for a in addrs}
         deadline = time.monotonic() + 60
@@ -144,8 +182,11 @@ def test_isolated_tf_config_cluster_listens_on_no_host_port():
             assert time.monotonic() < deadline, "the TF servers never listened"
             time.sleep(0.5)
         pids = set(cluster.pids.values())
-        host = [c for c in psutil.net_connections(kind="inet")
-                if c.status == psutil.CONN_LISTEN and c.pid in pids]
+        host = [
+            c
+            for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids
+        ]
         assert host == []
         for port in ports:
             with socket.socket() as s:
@@ -158,8 +199,15 @@ def test_a_worker_killed_mid_training_fails_the_launch_at_once(shared_data, monk
     """The survivors wait in an all-reduce for a peer that is gone; the launcher must not wait
     for its timeout: it names the dead task, shows its log and ends the others."""
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
-    job = {"kind": "mwms", "model": "logreg", "optimizer": "sgd", "lr": 0.5,
-           "train_size": 2048, "test_size": 100, "runs": [{"batch_size": 16, "epochs": 1000}]}
+    job = {
+        "kind": "mwms",
+        "model": "logreg",
+        "optimizer": "sgd",
+        "lr": 0.5,
+        "train_size": 2048,
+        "test_size": 100,
+        "runs": [{"batch_size": 16, "epochs": 1000}],
+    }
     cluster = tfconfig.TFConfigCluster({"worker": 2}, job, timeout=600)
     with cluster:
         pids = list(cluster.pids.values())
@@ -172,8 +220,9 @@ def test_a_worker_killed_mid_training_fails_the_launch_at_once(shared_data, monk
         time.sleep(1.0)  # a few steps in
         os.kill(cluster.pids["worker:1"], signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(tfconfig.TFConfigError,
-                           match=r"worker:1 \(pid \d+\) killed by SIGKILL before reporting"):
+        with pytest.raises(
+            tfconfig.TFConfigError, match=r"worker:1 \(pid \d+\) killed by SIGKILL before reporting"
+        ):
             cluster.wait()
         assert time.monotonic() - t0 < 30  # one grace period, nowhere near the 600 s timeout
     assert not _alive(pids)

@@ -12,6 +12,7 @@ grade ids `nbNN-exK-prompt`, `-solution` and `-test`. Its test may read only
 `contract_violations()` lists the breaches; tests/test_exercise_contract.py runs it on every
 lesson. The checks read the code as text (`ast`): nothing is run.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,8 +23,9 @@ from dataclasses import dataclass, field
 
 from tools.notebooks import read
 
-SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION[^\n]*$",
-                      re.S | re.M)
+SOLUTION = re.compile(
+    r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION[^\n]*$", re.S | re.M
+)
 EXERCISE_ID = re.compile(r"^(nb\d\d-ex\d+)-(prompt|solution|test)$")
 BACKTICKS = re.compile(r"`([^`]+)`")
 BUILTINS = set(dir(builtins))
@@ -32,6 +34,7 @@ BUILTINS = set(dir(builtins))
 @dataclass
 class Exercise:
     """One exercise of a lesson: its prompt's names, its solution and test cells' positions."""
+
     id: str
     prompt: str = ""
     solution_index: int | None = None
@@ -158,7 +161,7 @@ def contract_violations(path) -> list[str]:
             continue
         outside: set[str] = set()
         inside: dict[str, str] = {}  # name -> the (first) solution cell that binds it
-        for cell in nb.cells[:ex.test_index]:
+        for cell in nb.cells[: ex.test_index]:
             if cell.cell_type != "code":
                 continue
             outside |= module_bindings(without_solutions(cell.source))
@@ -171,14 +174,20 @@ def contract_violations(path) -> list[str]:
         own = f"{ex.id}-solution"
         for name in sorted(test_reads(nb, ex)):
             if name in inside and inside[name] != own:
-                problems.append(f"{ex.id}: reads `{name}`, which {inside[name]} binds: a "
-                                f"test must not depend on another exercise's answer")
+                problems.append(
+                    f"{ex.id}: reads `{name}`, which {inside[name]} binds: a "
+                    f"test must not depend on another exercise's answer"
+                )
             elif name in ex.asked:
                 continue
             elif name in inside:
-                problems.append(f"{ex.id}: reads `{name}`, which only {inside[name]} binds: "
-                                f"ask for it in the prompt or compute it outside the solution")
+                problems.append(
+                    f"{ex.id}: reads `{name}`, which only {inside[name]} binds: "
+                    f"ask for it in the prompt or compute it outside the solution"
+                )
             elif name not in outside:
-                problems.append(f"{ex.id}: reads `{name}`, which nothing before the test "
-                                f"binds outside a solution")
+                problems.append(
+                    f"{ex.id}: reads `{name}`, which nothing before the test "
+                    f"binds outside a solution"
+                )
     return problems

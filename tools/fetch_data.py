@@ -1,4 +1,5 @@
 """Fetch and verify every dataset the notebooks use (idempotent: cached files are re-hashed)."""
+
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: become `python -m tools.fetch_data`
@@ -19,8 +20,10 @@ def main() -> int:
         counts = {}
         for split in ("train", "test"):  # parses every row: a bad file fails here, not mid-lesson
             counts[split] = sum(1 for _ in dbpedia.iter_dbpedia(split))
-        print(f"dbpedia  ok  {folder} ({counts['train']:,} train / {counts['test']:,} test rows, "
-              f"{len(dbpedia.dbpedia_classes())} classes)")
+        print(
+            f"dbpedia  ok  {folder} ({counts['train']:,} train / {counts['test']:,} test rows, "
+            f"{len(dbpedia.dbpedia_classes())} classes)"
+        )
     except downloads.DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,5 @@
 """Read the lesson notebooks: their order, titles, objectives and tagged cells."""
+
 from __future__ import annotations
 
 import re
@@ -9,8 +10,7 @@ import nbformat
 
 # Lines a cell of an executed lesson may write to stderr, each with why it is not ours to fix.
 # tests/test_executed_copies.py fails on any other stderr line.
-STDERR_ALLOWED: dict[str, str] = {
-}
+STDERR_ALLOWED: dict[str, str] = {}
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NAME = re.compile(r"^(\d\d)_[a-z0-9_]+\.ipynb$")
@@ -65,9 +65,13 @@ def widget_text(state: dict, model_id: str) -> str:
         return ""
     name, values = model.get("model_name", ""), model.get("state", {})
     if name in ("HBoxModel", "VBoxModel"):
-        parts = [widget_text(state, child.removeprefix("IPY_MODEL_"))
-                 for child in values.get("children", [])]
-        joined = "".join(parts) if any("|" in p for p in parts) else "   ".join(p for p in parts if p)
+        parts = [
+            widget_text(state, child.removeprefix("IPY_MODEL_"))
+            for child in values.get("children", [])
+        ]
+        joined = (
+            "".join(parts) if any("|" in p for p in parts) else "   ".join(p for p in parts if p)
+        )
         return joined if name == "HBoxModel" else "\n".join(p for p in parts if p)
     if name in ("HTMLModel", "LabelModel"):  # tqdm pads with figure spaces (U+2007)
         return _strip_tags(values.get("value", "")).replace("\u2007", " ")

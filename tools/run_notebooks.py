@@ -5,9 +5,12 @@ elapsed time, and a thread samples the memory of the kernel and every process it
 Ends with a table of notebook, status, wall time and peak memory; exits 1 if any notebook
 failed, 130 if interrupted (Ctrl-C).
 """
+
 from __future__ import annotations
 
-if __name__ == "__main__" and not __package__:  # run as a file: become `python -m tools.run_notebooks`
+if (
+    __name__ == "__main__" and not __package__
+):  # run as a file: become `python -m tools.run_notebooks`
     from helpers.system.processes import exec_as_module
 
     exec_as_module("tools.run_notebooks")
@@ -21,15 +24,15 @@ import threading
 import time
 from pathlib import Path
 
-import helpers  # noqa: F401  (sets the kernels' TF log level: they inherit os.environ)
 import nbformat
+import psutil
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbconvert import HTMLExporter
-import psutil
 from tqdm import tqdm
 from traitlets.config import Config
 
+import helpers  # noqa: F401  (sets the kernels' TF log level: they inherit os.environ)
 from helpers.files import atomic_path
 from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read
 
@@ -40,13 +43,18 @@ BUILD = Path(__file__).resolve().parent.parent / "build"
 RUN_TIMES = NOTEBOOK_DIR / "run_times.json"
 
 
-def record_run_time(name: str, mode: str, seconds: float, path: Path = RUN_TIMES,
-                    memory: dict | None = None) -> None:
+def record_run_time(
+    name: str, mode: str, seconds: float, path: Path = RUN_TIMES, memory: dict | None = None
+) -> None:
     """Store one notebook's measured wall time for `mode` ("full" or "quick") in `path`, and
     its peak memory (`MemoryPeak.summary()`) when given."""
     times = json.loads(path.read_text()) if path.is_file() else {}
-    times.setdefault(name, {})[mode] = {"seconds": round(seconds, 1), "cores": os.cpu_count(),
-                                        "date": time.strftime("%Y-%m-%d"), **(memory or {})}
+    times.setdefault(name, {})[mode] = {
+        "seconds": round(seconds, 1),
+        "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+        **(memory or {}),
+    }
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
 
@@ -107,8 +115,11 @@ class MemoryPeak:
         processes ran at the peak; {} when nothing was measured."""
         if not self.total:
             return {}
-        return {"peak_pss_mb": round(self.total / 2**20), "largest_process_mb":
-                round(self.largest / 2**20), "processes_at_peak": self.count}
+        return {
+            "peak_pss_mb": round(self.total / 2**20),
+            "largest_process_mb": round(self.largest / 2**20),
+            "processes_at_peak": self.count,
+        }
 
 
 class LessonClient(NotebookClient):
@@ -131,10 +142,13 @@ def interrupted(client: NotebookClient) -> bool:
 
 def progress_hooks(bar: tqdm) -> dict:
     """nbclient hooks that move `bar` one step per code cell and show the current section."""
+
     def on_cell_start(cell, cell_index):
         if cell.cell_type == "markdown":
-            heading = next((l.lstrip("#").strip() for l in cell.source.splitlines()
-                            if l.startswith("## ")), None)
+            heading = next(
+                (l.lstrip("#").strip() for l in cell.source.splitlines() if l.startswith("## ")),
+                None,
+            )
             if heading:
                 bar.set_postfix_str(heading[:50])
 
@@ -144,19 +158,31 @@ def progress_hooks(bar: tqdm) -> dict:
     return {"on_cell_start": on_cell_start, "on_cell_executed": on_cell_executed}
 
 
-def run_one(path: Path, out_dir: Path, timeout: int, show_progress: bool = True
-            ) -> tuple[str, float, str, dict]:
+def run_one(
+    path: Path, out_dir: Path, timeout: int, show_progress: bool = True
+) -> tuple[str, float, str, dict]:
     """Execute one notebook; write its executed copy and HTML; return (status, seconds, error,
     peak memory)."""
     nb = read(path)
     n_code = sum(c.cell_type == "code" and bool(c.source.strip()) for c in nb.cells)
-    bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not show_progress,
-               bar_format="{desc}: {n}/{total} cells [{elapsed}]{postfix}", file=sys.stdout)
+    bar = tqdm(
+        total=n_code,
+        desc=path.stem,
+        unit="cell",
+        disable=not show_progress,
+        bar_format="{desc}: {n}/{total} cells [{elapsed}]{postfix}",
+        file=sys.stdout,
+    )
     # CurveZMQ keys provisioned by the kernel manager: the kernel's sockets are encrypted, and
     # ipykernel no longer warns that it runs over TCP without encryption.
-    client = LessonClient(nb, timeout=timeout, kernel_name="python3", config=Config(
-                              {"KernelManager": {"transport_encryption": "required"}}),
-                          resources={"metadata": {"path": str(path.parent)}}, **progress_hooks(bar))
+    client = LessonClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        config=Config({"KernelManager": {"transport_encryption": "required"}}),
+        resources={"metadata": {"path": str(path.parent)}},
+        **progress_hooks(bar),
+    )
     t0 = time.perf_counter()
     status, error = "ok", ""
     memory = MemoryPeak()
@@ -189,8 +215,11 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="run only notebooks whose name contains this")
     parser.add_argument("--out", type=Path, default=BUILD)
     parser.add_argument("--dir", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks")
-    parser.add_argument("--record-times", action="store_true",
-                        help=f"store each successful notebook's wall time in {RUN_TIMES.name}")
+    parser.add_argument(
+        "--record-times",
+        action="store_true",
+        help=f"store each successful notebook's wall time in {RUN_TIMES.name}",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         os.environ["LABS_QUICK"] = "1"
@@ -210,14 +239,18 @@ def main(argv=None) -> int:
             record_run_time(path.stem, mode, seconds, args.dir / RUN_TIMES.name, memory)
         if status == "INTERRUPTED":
             break
-    print(f"\n| notebook | status | wall time | peak memory (PSS) | mode: {mode}, copies in "
-          f"{args.out} |")
+    print(
+        f"\n| notebook | status | wall time | peak memory (PSS) | mode: {mode}, copies in "
+        f"{args.out} |"
+    )
     print("| --- | --- | ---: | ---: | --- |")
     for name, status, seconds, error, peak in results:
         print(f"| {name} | {status} | {seconds / 60:.1f} min | {peak} | {error} |")
     total = sum(r[2] for r in results)
-    print(f"| total | {sum(r[1] == 'ok' for r in results)}/{len(paths)} ok | {total / 60:.1f} min "
-          "| | |")
+    print(
+        f"| total | {sum(r[1] == 'ok' for r in results)}/{len(paths)} ok | {total / 60:.1f} min "
+        "| | |"
+    )
     if any(r[1] == "INTERRUPTED" for r in results):
         return 130  # the shell's code for "stopped by SIGINT"
     return 0 if all(r[1] == "ok" for r in results) and len(results) == len(paths) else 1

@@ -6,6 +6,7 @@ over the resources of wire.py. Notebook 08's clusters for TF's own strategies: t
 starts the processes of strategies.py. helpers.system.netns keeps either off the network.
 runlogs.py turns a run's event logs into tables and curves; psdemo.py is notebook 05's demo.
 """
+
 from helpers.cluster.launcher import ClusterError, LocalCluster
 from helpers.cluster.protocol import RunConfig, validate
 from helpers.cluster.run import Run

@@ -20,6 +20,7 @@ busy time: the throughput is the smaller of the two.
 This is our own code: the lesson is the model, and no library fits it for us (NumPy's least
 squares does the fitting).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,12 @@ def task_bytes(shapes, tasks: int, compress=None) -> list[dict]:
     out = []
     for t, idx in enumerate(wire.by_task(pieces, tasks)):
         mine = [pieces[i].shape for i in idx]
-        out.append({"pull": 4 * sum(math.prod(s) for s in mine),
-                    "push": comp.bytes_for(mine) + (8 * len(Header._fields) if t == 0 else 0)})
+        out.append(
+            {
+                "pull": 4 * sum(math.prod(s) for s in mine),
+                "push": comp.bytes_for(mine) + (8 * len(Header._fields) if t == 0 else 0),
+            }
+        )
     return out
 
 
@@ -56,8 +61,10 @@ def phases(run) -> dict:
             if name in took:
                 took[name] += end - start
         per_step.append(took)
-    return {f"{name}_s": float(np.median([t[name] for t in per_step]))
-            for name in ("pull", "compute", "push")}
+    return {
+        f"{name}_s": float(np.median([t[name] for t in per_step]))
+        for name in ("pull", "compute", "push")
+    }
 
 
 def run_row(run, shapes) -> dict:
@@ -71,8 +78,12 @@ def run_row(run, shapes) -> dict:
     cpu = run.cpu_seconds()
     tasks = int(ev[ev.kind == Kind.START].ps.iloc[-1])  # PS task 0 logs how many there are
     carried = task_bytes(shapes, tasks, cfg.compress)
-    row = {"workers": cfg.workers, "ps tasks": tasks, "model": cfg.model,
-           "steps/s": n_steps / (end - start)}
+    row = {
+        "workers": cfg.workers,
+        "ps tasks": tasks,
+        "model": cfg.model,
+        "steps/s": n_steps / (end - start),
+    }
     for t, b in enumerate(carried):
         row[f"ps:{t} MB/step"] = (b["pull"] + b["push"]) / 1e6
         row[f"ps:{t} CPU ms/step"] = 1e3 * cpu.get(f"ps:{t}", float("nan")) / n_steps
@@ -85,8 +96,9 @@ def run_row(run, shapes) -> dict:
 
 def _line(points) -> tuple[float, float]:
     """Least-squares slope and intercept (intercept >= 0) of [(x, y)] points."""
-    (slope, icept), *_ = np.linalg.lstsq(np.c_[[x for x, _ in points], np.ones(len(points))],
-                                         [y for _, y in points], rcond=None)
+    (slope, icept), *_ = np.linalg.lstsq(
+        np.c_[[x for x, _ in points], np.ones(len(points))], [y for _, y in points], rcond=None
+    )
     return float(slope), float(max(icept, 0.0))
 
 
@@ -110,10 +122,11 @@ class CostModel:
         beta_inv, alpha = _line(messages)
         gamma, phi = _line(one_task)
         if beta_inv <= 0 or gamma <= 0:
-            raise ValueError(f"the fit found no cost per byte (1/beta={beta_inv:.3g} s/B, "
-                             f"gamma={gamma:.3g} s/B): measure models of more different sizes")
-        delta = (float(np.mean([s - phi - gamma * b for b, s in sharded])) if len(sharded)
-                 else 0.0)
+            raise ValueError(
+                f"the fit found no cost per byte (1/beta={beta_inv:.3g} s/B, "
+                f"gamma={gamma:.3g} s/B): measure models of more different sizes"
+            )
+        delta = float(np.mean([s - phi - gamma * b for b, s in sharded])) if len(sharded) else 0.0
         return cls(alpha, 1 / beta_inv, float(compute_s), phi, gamma, delta)
 
     def step_s(self, model_bytes: float, tasks: int = 1) -> float:
@@ -127,8 +140,9 @@ class CostModel:
 
     def throughput(self, workers: int, model_bytes: float, carried: list[float]) -> float:
         """Worker steps per second: the workers' pace or the busiest PS task's, the smaller."""
-        return min(workers / self.step_s(model_bytes, len(carried)),
-                   1 / max(self.ps_busy_s(carried)))
+        return min(
+            workers / self.step_s(model_bytes, len(carried)), 1 / max(self.ps_busy_s(carried))
+        )
 
     def saturation(self, model_bytes: float, carried: list[float]) -> float:
         """The number of workers at which the busiest PS task is busy all the time."""

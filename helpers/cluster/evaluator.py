@@ -1,4 +1,5 @@
 """The evaluator's side of a run: test each checkpoint the PS announces, as it comes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,9 @@ class EvaluatorLoop:
         while True:
             try:
                 with tf.device(self.node.ps):
-                    version = int(raw.QueueDequeueV2(handle=self.res.ckpt,
-                                                     component_types=[tf.int64])[0])
+                    version = int(
+                        raw.QueueDequeueV2(handle=self.res.ckpt, component_types=[tf.int64])[0]
+                    )
             except tf.errors.OutOfRangeError:  # the PS closed the queue: the run failed
                 break
             if version < 0:
@@ -36,4 +38,3 @@ class EvaluatorLoop:
             self.log.write(Kind.EVAL, version=version, test_accuracy=acc, file=path.name)
             evaluated += 1
         return {"evaluated": evaluated}
-

@@ -5,6 +5,7 @@ writes them and with which fields, are listed once, in Kind; writers and readers
 its members (they are strings, so a DataFrame's `kind` column compares with them directly),
 and EventLog.write refuses a kind that is not one of them.
 """
+
 from __future__ import annotations
 
 import enum
@@ -63,10 +64,14 @@ class StepStamps(NamedTuple):
         did not push (Downpour's accumulating steps).
         """
         end_of_compute = self.computed if self.pushed > self.computed else self.returned
-        spans = [("wait", self.waiting, self.called), ("pull", self.called, self.reached),
-                 ("wait", self.reached, self.granted), ("pull", self.granted, self.arrived),
-                 ("compute", self.arrived, end_of_compute),
-                 ("push", end_of_compute, self.returned)]
+        spans = [
+            ("wait", self.waiting, self.called),
+            ("pull", self.called, self.reached),
+            ("wait", self.reached, self.granted),
+            ("pull", self.granted, self.arrived),
+            ("compute", self.arrived, end_of_compute),
+            ("push", end_of_compute, self.returned),
+        ]
         return [(name, a, b) for name, a, b in spans if b > a]
 
 

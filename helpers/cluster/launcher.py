@@ -4,6 +4,7 @@ The processes are `python -m helpers.cluster.node` (see node.py), one ChildProce
 (helpers/system/processes.py); a run is a command sent to all of them, watched until every one
 reports done, while the launcher checks for dead processes and for a run that stalls.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -21,8 +22,8 @@ from pathlib import Path
 
 from helpers import config
 from helpers.cluster import protocol
-from helpers.cluster.events import EventTail, Kind
 from helpers.cluster.dashboard import Dashboard
+from helpers.cluster.events import EventTail, Kind
 from helpers.cluster.run import Run
 from helpers.system import netns, resources
 from helpers.system.control import Cmd, Event, command
@@ -89,9 +90,16 @@ class LocalCluster:
         ValueError: for a bad argument, before any process starts.
     """
 
-    def __init__(self, workers: int = 2, isolate="auto", evaluator: bool = False,
-                 start_timeout: float = 120.0, stall_timeout: float = 60.0,
-                 name: str | None = None, ps: int = 1):
+    def __init__(
+        self,
+        workers: int = 2,
+        isolate="auto",
+        evaluator: bool = False,
+        start_timeout: float = 120.0,
+        stall_timeout: float = 60.0,
+        name: str | None = None,
+        ps: int = 1,
+    ):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
         if isinstance(ps, bool) or not isinstance(ps, int) or ps < 1:
@@ -126,11 +134,15 @@ class LocalCluster:
         processes = self.ps + self.workers + self.evaluator
         try:
             resources.check_memory(
-                processes, f"A cluster of {'1 PS' if self.ps == 1 else f'{self.ps} PS tasks'}, "
+                processes,
+                f"A cluster of {'1 PS' if self.ps == 1 else f'{self.ps} PS tasks'}, "
                 f"{self.workers} worker(s)"
                 f"{' and an evaluator' if self.evaluator else ''}",
-                lambda fit: f"Start fewer workers "
-                            f"(workers={max(1, fit - self.ps - self.evaluator)} would fit)")
+                lambda fit: (
+                    f"Start fewer workers "
+                    f"(workers={max(1, fit - self.ps - self.evaluator)} would fit)"
+                ),
+            )
         except resources.NotEnoughMemory as exc:
             raise ClusterError(str(exc)) from None
         _LIVE.add(self)
@@ -141,24 +153,38 @@ class LocalCluster:
                 raise ClusterError(str(exc)) from None
             self.dir = config.runs_dir(self.name)
             host = "localhost"
-            ports = ([2222 + t for t in range(self.ps)] if self.isolated
-                     else free_ports(self.ps))
+            ports = [2222 + t for t in range(self.ps)] if self.isolated else free_ports(self.ps)
             spec = {"ps": [f"{host}:{port}" for port in ports]}
             (self.dir / "cluster.json").write_text(json.dumps(spec))
-            env = dict(os.environ, TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false",
-                       PYTHONUNBUFFERED="1",
-                       MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"))
+            env = dict(
+                os.environ,
+                TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false",
+                PYTHONUNBUFFERED="1",
+                MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"),
+            )
             # the other PS tasks first: task 0 connects to them as it starts
             jobs = [("ps", t) for t in range(1, self.ps)] + [("ps", 0)]
             jobs += [("worker", i) for i in range(self.workers)]
             jobs += [("evaluator", 0)] if self.evaluator else []
             for job, task in jobs:
-                cmd = prefix + [sys.executable, "-m", "helpers.cluster.node", "--cluster",
-                                str(self.dir / "cluster.json"), "--job", job, "--task", str(task),
-                                "--control", "--parent-pid", str(os.getpid())]
+                cmd = prefix + [
+                    sys.executable,
+                    "-m",
+                    "helpers.cluster.node",
+                    "--cluster",
+                    str(self.dir / "cluster.json"),
+                    "--job",
+                    job,
+                    "--task",
+                    str(task),
+                    "--control",
+                    "--parent-pid",
+                    str(os.getpid()),
+                ]
                 name = f"{job}:{task}"
-                self.procs[name] = ChildProcess(name, cmd, env, self.dir / f"{job}-{task}.log",
-                                         self.inbox)
+                self.procs[name] = ChildProcess(
+                    name, cmd, env, self.dir / f"{job}-{task}.log", self.inbox
+                )
             waiting = set(self.procs)
             deadline = time.monotonic() + self.start_timeout
             while waiting:
@@ -217,8 +243,10 @@ class LocalCluster:
                 continue
             hint = ""
             if name.startswith("worker:") and during == "sync":
-                hint = ("; sync (BSP) training cannot finish without every worker: "
-                        "use mode='backup' with k < workers to tolerate a lost worker")
+                hint = (
+                    "; sync (BSP) training cannot finish without every worker: "
+                    "use mode='backup' with k < workers to tolerate a lost worker"
+                )
             self._fail(f"{name} (pid {proc.pid}) {how} during {during}{hint}", name)
 
     def _next_message(self, deadline, during, waiting=(), tolerate_workers=False):
@@ -230,8 +258,11 @@ class LocalCluster:
             self._check_deaths(during, tolerate_workers)
             if time.monotonic() > deadline:
                 slow = sorted(waiting)
-                self._fail(f"timed out after {self.start_timeout:.0f} s waiting for {slow} "
-                           f"during {during}", slow[0] if slow else None)
+                self._fail(
+                    f"timed out after {self.start_timeout:.0f} s waiting for {slow} "
+                    f"during {during}",
+                    slow[0] if slow else None,
+                )
 
     # ------------------------------------------------------------------ training
     def train(self, progress: bool | str = True, **kwargs) -> Run:
@@ -249,8 +280,10 @@ class LocalCluster:
         if progress not in (True, False, "auto", "widget", "text"):
             raise ValueError(f"progress must be True, False, 'widget' or 'text', got {progress!r}")
         if not self.procs:
-            raise ClusterError("the cluster is not running: use `with LocalCluster(...) as c:` "
-                               "or call start() (a failed run stops the cluster)")
+            raise ClusterError(
+                "the cluster is not running: use `with LocalCluster(...) as c:` "
+                "or call start() (a failed run stops the cluster)"
+            )
         live = [w for w in range(self.workers) if w not in self.dead_workers]
         kwargs.setdefault("worker_ids", live[: kwargs.get("workers", len(live))])
         kwargs.setdefault("workers", len(kwargs["worker_ids"]))
@@ -260,8 +293,10 @@ class LocalCluster:
         cfg = protocol.validate(protocol.RunConfig(**kwargs))
         bad = [k for k in cfg.faults if (protocol.ps_fault_task(k) or 0) >= self.ps]
         if bad:
-            raise ValueError(f"faults {bad} name PS tasks this cluster does not have: it has "
-                             f"ps={self.ps} (tasks 0 to {self.ps - 1})")
+            raise ValueError(
+                f"faults {bad} name PS tasks this cluster does not have: it has "
+                f"ps={self.ps} (tasks 0 to {self.ps - 1})"
+            )
         run_dir = config.runs_dir(cfg.run_id)
         cfg_path = run_dir / "config.json"
         cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
@@ -273,8 +308,7 @@ class LocalCluster:
         self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
         for name, proc in self.procs.items():
             if proc.died() is None:
-                proc.send(command(Cmd.RUN, config=str(cfg_path), worker_pids=pids,
-                                  ps_pids=ps_pids))
+                proc.send(command(Cmd.RUN, config=str(cfg_path), worker_pids=pids, ps_pids=ps_pids))
         return self._watch(cfg, run_dir, progress)
 
     def _watch(self, cfg, run_dir, progress) -> Run:
@@ -283,10 +317,14 @@ class LocalCluster:
 
         board = None
         if progress:
-            board = Dashboard(cfg, progress if isinstance(progress, str) else "auto",
-                              status=lambda: self._worker_status(cfg))
-        watch = _Watch({n for n, p in self.procs.items() if p.died() is None},
-                       EventTail(run_dir), board)
+            board = Dashboard(
+                cfg,
+                progress if isinstance(progress, str) else "auto",
+                status=lambda: self._worker_status(cfg),
+            )
+        watch = _Watch(
+            {n for n, p in self.procs.items() if p.died() is None}, EventTail(run_dir), board
+        )
         lo_before = self.loopback_bytes()
         t0 = time.perf_counter()
         with ResourceMonitor(list(self.pids.values()), interval=0.5, pss_every=2.0) as monitor:
@@ -341,11 +379,17 @@ class LocalCluster:
     def _worker_status(self, cfg) -> tuple[set[int], set[int], bool]:
         """For the dashboard: the run's workers whose process is stopped, those that died, and
         whether the PS's process is stopped."""
-        stopped = {w for w in cfg.worker_ids if f"worker:{w}" in self.procs
-                   and _is_stopped(self.procs[f"worker:{w}"].pid)}
+        stopped = {
+            w
+            for w in cfg.worker_ids
+            if f"worker:{w}" in self.procs and _is_stopped(self.procs[f"worker:{w}"].pid)
+        }
         ps = self.procs.get("ps:0")
-        return (stopped, {w for w in self.dead_workers if w in cfg.worker_ids},
-                ps is not None and _is_stopped(ps.pid))
+        return (
+            stopped,
+            {w for w in self.dead_workers if w in cfg.worker_ids},
+            ps is not None and _is_stopped(ps.pid),
+        )
 
     def _check_progress(self, cfg, watch: _Watch) -> None:
         """Feed the dashboard with new events; fail the run when none came for too long.
@@ -367,9 +411,11 @@ class LocalCluster:
             return
         stopped = [n for n, p in self.procs.items() if _is_stopped(p.pid)]
         which = "stall_timeout" if watch.joined else "start_timeout: workers never joined"
-        self._fail(f"no progress for {limit:.0f} s ({which}) in run {cfg.run_id}; hung or "
-                   f"stopped processes: {stopped or 'none found'}",
-                   stopped[0] if stopped else "ps:0")
+        self._fail(
+            f"no progress for {limit:.0f} s ({which}) in run {cfg.run_id}; hung or "
+            f"stopped processes: {stopped or 'none found'}",
+            stopped[0] if stopped else "ps:0",
+        )
 
     @property
     def isolated(self) -> bool:

@@ -6,6 +6,7 @@ queues, the worker_timeout of standalone runs, and waiting for every live worker
 in. It uses the PSLoop's attributes: cfg, res, log, worker_pids, alive, finished, last_heard,
 lock, stop_event and timed_out.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,9 +43,12 @@ class WorkerWatch:
                 self.log.write(Kind.DEAD, worker=w, pid=pid)
                 header = Header(worker=w, step=-1, version=-1, kind=DEAD)
                 comps = [tf.constant(header, tf.int64)] + [
-                    tf.zeros(shape, dtype) for dtype, shape in self.res.wire]
-                notices = [(self.res.done, [tf.constant(w, tf.int64)]),
-                           (self.res.join, [tf.constant(w, tf.int64)])]
+                    tf.zeros(shape, dtype) for dtype, shape in self.res.wire
+                ]
+                notices = [
+                    (self.res.done, [tf.constant(w, tf.int64)]),
+                    (self.res.join, [tf.constant(w, tf.int64)]),
+                ]
                 if self.cfg.mode != "async":  # async: no PS loop reads `grads`, none waits
                     notices.append((self.res.grads, comps))
                 for handle, c in notices:
@@ -79,7 +83,8 @@ class WorkerWatch:
             f"no message from any worker for worker_timeout={self.cfg.worker_timeout} s "
             f"(last heard: {heard}): a worker host may be down or unreachable, or was never "
             f"started; check the workers' logs, then restart the run (resume=True continues "
-            f"from the last checkpoint)")
+            f"from the last checkpoint)"
+        )
 
     def _wait_all(self, queue, seen: set) -> None:
         """Dequeue worker ids from a queue until every live worker is in `seen`."""

@@ -6,6 +6,7 @@ the evaluator; wire.py declares the shared resources they talk through. Under a 
 (--control) the node reads run commands from stdin and answers on stdout; standalone
 (--run config.json) it runs one run and exits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,9 @@ class Node:
 
         self.tf, self.cluster, self.job, self.task, self.proto = tf, cluster, job, task, proto
         self.ps_addrs = list(cluster["ps"])
-        self.ps_devices = [f"/job:ps/replica:0/task:{t}/device:CPU:0"
-                           for t in range(len(self.ps_addrs))]
+        self.ps_devices = [
+            f"/job:ps/replica:0/task:{t}/device:CPU:0" for t in range(len(self.ps_addrs))
+        ]
         self.ps = self.ps_devices[0]  # PS task 0: the protocol's queues and counters
         self.server = None
         spec = tf.train.ClusterSpec({"ps": self.ps_addrs})
@@ -57,8 +59,9 @@ class Node:
             with tf.device(self.ps):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
 
-    def wait_for_ps0_to_end(self, every: float = 1.0, misses: int = 3,
-                            never_s: float = 600.0) -> None:
+    def wait_for_ps0_to_end(
+        self, every: float = 1.0, misses: int = 3, never_s: float = 600.0
+    ) -> None:
         """Standalone PS task > 0: return once PS task 0's port has refused `misses` times in a
         row after it was reached (task 0's process exits when the run ends); raise if it was
         never reached in `never_s` seconds (task 0 never started, or is unreachable)."""
@@ -76,7 +79,8 @@ class Node:
                 if not reached and time.monotonic() - start > never_s:
                     raise RuntimeError(
                         f"PS task {self.task}: PS task 0 at {self.ps_addrs[0]} was never reachable "
-                        f"in {never_s:.0f} s; start it (or check the address in the cluster file)")
+                        f"in {never_s:.0f} s; start it (or check the address in the cluster file)"
+                    )
             time.sleep(every)
 
     def say(self, event: Event, **fields) -> None:
@@ -86,24 +90,27 @@ class Node:
             self.proto.flush()
 
     # ---------------------------------------------------------------- entry
-    def run(self, cfg, run_dir: Path, worker_pids: dict | None = None,
-            ps_pids: dict | None = None) -> dict:
+    def run(
+        self, cfg, run_dir: Path, worker_pids: dict | None = None, ps_pids: dict | None = None
+    ) -> dict:
         """Take part in one training run as this node's job; return a result for the launcher."""
         if self.server is not None:  # another PS task: its server does the work
             return {"ps_task": self.task}
+        from helpers.cluster import events, wire
         from helpers.data import arrays
         from helpers.training import models
-        from helpers.cluster import events, wire
 
         log = events.EventLog(run_dir, f"{self.job}-{self.task}")
         if self.job == "worker":  # its own shard of the training images only
             shard = (cfg.worker_ids.index(self.task), cfg.workers)
-            x_tr, y_tr, _, _, classes = arrays.load_arrays(cfg.data, cfg.train_size,
-                                                           cfg.test_size, cfg.seed, shard, ("train",))
+            x_tr, y_tr, _, _, classes = arrays.load_arrays(
+                cfg.data, cfg.train_size, cfg.test_size, cfg.seed, shard, ("train",)
+            )
             data = (x_tr, y_tr)
         else:  # the PS and the evaluator only test
-            _, _, x_te, y_te, classes = arrays.load_arrays(cfg.data, cfg.train_size,
-                                                           cfg.test_size, cfg.seed, images=("test",))
+            _, _, x_te, y_te, classes = arrays.load_arrays(
+                cfg.data, cfg.train_size, cfg.test_size, cfg.seed, images=("test",)
+            )
             data = (x_te, y_te)
         model = models.build(cfg.model, data[0].shape[1:], classes, cfg.seed)
         shapes = [tuple(v.shape) for v in model.trainable_variables]
@@ -177,12 +184,14 @@ def main(argv=None) -> int:
             break
         cfg = RunConfig.from_dict(json.loads(Path(cmd["config"]).read_text()))
         if (args.job == "worker" and node.task not in cfg.worker_ids) or (
-                args.job == "evaluator" and not cfg.evaluator):
+            args.job == "evaluator" and not cfg.evaluator
+        ):
             node.say(Event.DONE, run=cfg.run_id, result={"idle": True})
             continue
         try:
-            result = node.run(cfg, Path(cmd["config"]).parent, cmd.get("worker_pids"),
-                              cmd.get("ps_pids"))
+            result = node.run(
+                cfg, Path(cmd["config"]).parent, cmd.get("worker_pids"), cmd.get("ps_pids")
+            )
             node.say(Event.DONE, run=cfg.run_id, result=result)
         except Exception as exc:  # reported to the launcher, which raises it with the log tail
             traceback.print_exc()

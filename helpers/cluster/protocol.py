@@ -3,13 +3,14 @@
 Nothing here imports TensorFlow, so every rule is unit-tested on its own and the processes
 (ps.py, worker.py) only move tensors around according to these rules.
 """
+
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 import math
+from dataclasses import asdict, dataclass, field
 
-from helpers.training.models import MODELS  # numpy only: TF is imported when a model is built
 from helpers.training import compression  # plain Python checks; TF only to compress
+from helpers.training.models import MODELS  # numpy only: TF is imported when a model is built
 
 MODES = ("async", "sync", "ssp", "backup")
 STALE_POLICIES = ("drop", "fold")
@@ -34,8 +35,9 @@ def ssp_grants(granted: int, live_clocks: list[int], staleness: int) -> int:
     return max(0, limit - granted)
 
 
-def fold_weights(ages: list[int], fresh_weight: float = 1.0, decay: float = 0.5,
-                 bound: float = 0.5) -> list[float]:
+def fold_weights(
+    ages: list[int], fresh_weight: float = 1.0, decay: float = 0.5, bound: float = 0.5
+) -> list[float]:
     """Weights for stale gradients of the given ages (in versions), shrinking as decay**age.
 
     The weights sum to at most `bound * fresh_weight`: the sufficient condition
@@ -43,7 +45,7 @@ def fold_weights(ages: list[int], fresh_weight: float = 1.0, decay: float = 0.5,
     """
     if any(age < 1 for age in ages):
         raise ValueError(f"stale gradients have age >= 1, got ages {ages}")
-    raw = [fresh_weight * decay ** age for age in ages]
+    raw = [fresh_weight * decay**age for age in ages]
     total = sum(raw)
     cap = bound * fresh_weight
     if total > cap > 0:
@@ -100,8 +102,12 @@ class BackupAggregator:
         fresh_w = [1.0 / self.k] * self.k
         ages = [self.version - p.version for p in self.stale_buf]
         stale_w = fold_weights(ages, 1.0, self.decay, self.bound)
-        update = Update(self.fresh + self.stale_buf, fresh_w + stale_w,
-                        [True] * self.k + [False] * len(self.stale_buf), self.dropped)
+        update = Update(
+            self.fresh + self.stale_buf,
+            fresh_w + stale_w,
+            [True] * self.k + [False] * len(self.stale_buf),
+            self.dropped,
+        )
         self.version += 1
         self.fresh, self.stale_buf, self.dropped = [], [], []
         return update
@@ -224,8 +230,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.model not in MODELS:
         raise ValueError(f"unknown model {cfg.model!r}: use one of {', '.join(MODELS)}")
     if cfg.data != "mnist" and not str(cfg.data).endswith(".npz"):
-        raise ValueError(f"data must be 'mnist' or the path of an .npz file holding x_train, "
-                         f"y_train, x_test, y_test (e.g. DBpedia features), got {cfg.data!r}")
+        raise ValueError(
+            f"data must be 'mnist' or the path of an .npz file holding x_train, "
+            f"y_train, x_test, y_test (e.g. DBpedia features), got {cfg.data!r}"
+        )
     if cfg.model == "lenet" and cfg.data != "mnist":
         raise ValueError(f"model 'lenet' needs 28x28 images: use data='mnist', got {cfg.data!r}")
     _positive_int("steps", cfg.steps)
@@ -242,8 +250,10 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"lr_schedule decay_steps must be > 0, got {cfg.lr_schedule!r}")
     compression.check_spec(cfg.compress)
     if cfg.mode != "async" and (cfg.n_fetch, cfg.n_push) != (1, 1):
-        raise ValueError(f"n_fetch/n_push apply to mode='async' only, got mode={cfg.mode!r} "
-                         f"with n_fetch={cfg.n_fetch}, n_push={cfg.n_push}")
+        raise ValueError(
+            f"n_fetch/n_push apply to mode='async' only, got mode={cfg.mode!r} "
+            f"with n_fetch={cfg.n_fetch}, n_push={cfg.n_push}"
+        )
     if isinstance(cfg.staleness, bool) or not isinstance(cfg.staleness, int) or cfg.staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {cfg.staleness!r}")
     if cfg.mode == "backup":
@@ -262,13 +272,20 @@ def validate(cfg: RunConfig) -> RunConfig:
         if value is not None:
             _positive_int(name, value)
     if cfg.train_size is not None and cfg.train_size < cfg.workers * cfg.batch_size:
-        raise ValueError(f"train_size={cfg.train_size} gives each of {cfg.workers} workers less "
-                         f"than one batch of {cfg.batch_size}: raise train_size")
+        raise ValueError(
+            f"train_size={cfg.train_size} gives each of {cfg.workers} workers less "
+            f"than one batch of {cfg.batch_size}: raise train_size"
+        )
     _positive_int("checkpoint_every", cfg.checkpoint_every, minimum=0)
-    if not (isinstance(cfg.worker_timeout, (int, float)) and not isinstance(cfg.worker_timeout, bool)
-            and 0 <= cfg.worker_timeout < math.inf):
-        raise ValueError(f"worker_timeout must be a number of seconds >= 0 (0 = wait forever), "
-                         f"got {cfg.worker_timeout!r}")
+    if not (
+        isinstance(cfg.worker_timeout, (int, float))
+        and not isinstance(cfg.worker_timeout, bool)
+        and 0 <= cfg.worker_timeout < math.inf
+    ):
+        raise ValueError(
+            f"worker_timeout must be a number of seconds >= 0 (0 = wait forever), "
+            f"got {cfg.worker_timeout!r}"
+        )
     if cfg.resume and not cfg.run_id:
         raise ValueError("resume=True needs the run_id of the run to resume")
     if not cfg.worker_ids:
@@ -280,16 +297,22 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"straggler worker {w!r} is not one of the workers {cfg.worker_ids}")
         if isinstance(spec, dict):
             if spec.get("dist") not in STRAGGLER_DISTS or not spec.get("mean", 0) > 0:
-                raise ValueError(f"random straggler delays need dist in {STRAGGLER_DISTS} and "
-                                 f"mean > 0 seconds, got {spec!r}")
+                raise ValueError(
+                    f"random straggler delays need dist in {STRAGGLER_DISTS} and "
+                    f"mean > 0 seconds, got {spec!r}"
+                )
         elif not (isinstance(spec, (int, float)) and spec >= 1):
-            raise ValueError(f"a straggler slowdown factor must be >= 1, got {spec!r} "
-                             f"for worker {w}")
+            raise ValueError(
+                f"a straggler slowdown factor must be >= 1, got {spec!r} for worker {w}"
+            )
     for who, spec in cfg.faults.items():
-        if ps_fault_task(who) is None and (not str(who).isdigit()
-                                           or int(who) not in cfg.worker_ids):
-            raise ValueError(f"faults are keyed by 'ps' (PS task 0), 'ps:J' (PS task J of a "
-                             f"sharded cluster) or a worker in {cfg.worker_ids}, got {who!r}")
+        if ps_fault_task(who) is None and (
+            not str(who).isdigit() or int(who) not in cfg.worker_ids
+        ):
+            raise ValueError(
+                f"faults are keyed by 'ps' (PS task 0), 'ps:J' (PS task J of a "
+                f"sharded cluster) or a worker in {cfg.worker_ids}, got {who!r}"
+            )
         if not isinstance(spec, dict) or spec.get("kind") not in FAULT_KINDS:
             raise ValueError(f"a fault is {{'kind': 'kill'|'hang', 'at': step}}, got {spec!r}")
         _positive_int(f"fault step for {who}", spec.get("at"), minimum=0)

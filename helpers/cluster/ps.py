@@ -7,6 +7,7 @@ checkpoints, and watches the worker processes so that a dead one cannot hang the
 parameters sharded, this loop runs on PS task 0 only and applies each update on every task
 (update.staged_apply); the other tasks only hold their pieces.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from helpers import files
-from helpers.cluster import protocol
+from helpers.cluster import protocol, wire
 from helpers.cluster.events import Kind
 from helpers.cluster.liveness import WorkerWatch
-from helpers.cluster import wire
 from helpers.cluster.update import apply_update, staged_apply, warm_staged
 from helpers.cluster.wire import DEAD, WARMUP, WARMUP_TICKET, Applied, Header, Token
 from helpers.training import compression, models
@@ -54,8 +54,7 @@ class PSLoop(WorkerWatch):
         self.last_ckpt = None
         # sharded (P > 1): pushes wait in the PS tasks' stage buffers; PS task 0 applies them
         # by key, and removes dropped and warm-up pushes with the next update (weight 0)
-        self.apply_staged = (staged_apply(res, self.comp, cfg.momentum) if res.sharded
-                             else None)
+        self.apply_staged = staged_apply(res, self.comp, cfg.momentum) if res.sharded else None
         self.discard: list[int] = []
         self.faulted: set = set()  # the PS faults already injected
 
@@ -85,27 +84,40 @@ class PSLoop(WorkerWatch):
 
     def _grant(self, worker: int, token: Token) -> None:
         """Put one step token in the worker's queue."""
-        tf.raw_ops.QueueEnqueueV2(handle=self.res.tokens[worker],
-                                       components=[tf.constant(token, tf.int64)])
+        tf.raw_ops.QueueEnqueueV2(
+            handle=self.res.tokens[worker], components=[tf.constant(token, tf.int64)]
+        )
 
     def _tickets(self, numbers, lrs):
         """Hand out async tickets: (update number, learning rate) pairs, in this order."""
-        tf.raw_ops.QueueEnqueueManyV2(handle=self.res.tickets, components=[
-            tf.constant(numbers, tf.int64), tf.constant(lrs, tf.float32)])
+        tf.raw_ops.QueueEnqueueManyV2(
+            handle=self.res.tickets,
+            components=[tf.constant(numbers, tf.int64), tf.constant(lrs, tf.float32)],
+        )
 
     def _apply(self, payloads, weights):
         """Apply one update: the pushes' payloads (decoded gradients; sharded: their keys)."""
         lr = protocol.learning_rate(self.cfg.lr, self.cfg.lr_schedule, self.version)
         if self.apply_staged is None:
-            apply_update(self.res.vars, self.res.version, payloads, weights, lr,
-                         self.cfg.momentum, self.res.velocity)
+            apply_update(
+                self.res.vars,
+                self.res.version,
+                payloads,
+                weights,
+                lr,
+                self.cfg.momentum,
+                self.res.velocity,
+            )
         else:
-            self.apply_staged(tf.constant(payloads + self.discard, tf.int64),
-                              tf.constant(weights + [0.0] * len(self.discard), tf.float32),
-                              tf.constant(lr, tf.float32))
+            self.apply_staged(
+                tf.constant(payloads + self.discard, tf.int64),
+                tf.constant(weights + [0.0] * len(self.discard), tf.float32),
+                tf.constant(lr, tf.float32),
+            )
             self.discard = []
-            tf.raw_ops.AssignAddVariableOp(resource=self.res.version,
-                                           value=tf.constant(1, tf.int64))
+            tf.raw_ops.AssignAddVariableOp(
+                resource=self.res.version, value=tf.constant(1, tf.int64)
+            )
         self.version += 1
         return lr
 
@@ -115,13 +127,15 @@ class PSLoop(WorkerWatch):
         name = f"ckpt-{self.version:07d}.npz"
         with files.atomic_path(ckpt_dir / name, ".npz") as tmp:
             np.savez(tmp, **{f"w{i}": v for i, v in enumerate(self._values())})
-        files.write_json(ckpt_dir / "latest.json", {"file": name, "version": self.version},
-                         indent=1)
+        files.write_json(
+            ckpt_dir / "latest.json", {"file": name, "version": self.version}, indent=1
+        )
         self.log.write(Kind.CHECKPOINT, version=self.version, file=name)
         self.last_ckpt = self.version
         if self.cfg.evaluator:
-            tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt,
-                                           components=[tf.constant(self.version, tf.int64)])
+            tf.raw_ops.QueueEnqueueV2(
+                handle=self.res.ckpt, components=[tf.constant(self.version, tf.int64)]
+            )
 
     def _fault(self):
         """Kill or stop this PS task, or another one (`ps:J`, sharded), at its version."""
@@ -133,13 +147,15 @@ class PSLoop(WorkerWatch):
             self.log.write(Kind.FAULT, what=spec["kind"], version=self.version, ps=task)
             pid = os.getpid() if task == 0 else self.ps_pids.get(task)
             if pid is None:
-                raise RuntimeError(f"fault {who!r}: the PID of PS task {task} is unknown (faults "
-                                   f"on other PS tasks need a launcher: LocalCluster(ps=...))")
+                raise RuntimeError(
+                    f"fault {who!r}: the PID of PS task {task} is unknown (faults "
+                    f"on other PS tasks need a launcher: LocalCluster(ps=...))"
+                )
             os.kill(pid, signal.SIGKILL if spec["kind"] == "kill" else signal.SIGSTOP)
 
     def _owe_tokens(self):
         if self.version >= self.cfg.steps:  # the run is over: a token now would start a step
-            return                          # whose push may land before the queues close
+            return  # whose push may land before the queues close
         still = []
         for w, v in self.waiting:
             if v < self.version and w in self.alive:
@@ -166,9 +182,14 @@ class PSLoop(WorkerWatch):
         watcher.start()
         mode = cfg.mode
         t0 = time.time()
-        self.log.write(Kind.START, mode=mode, workers=cfg.worker_ids, version=self.version,
-                       ps=len(self.res.devices),
-                       pieces=[[p.var, p.start, p.stop, p.task] for p in self.res.pieces])
+        self.log.write(
+            Kind.START,
+            mode=mode,
+            workers=cfg.worker_ids,
+            version=self.version,
+            ps=len(self.res.devices),
+            pieces=[[p.var, p.start, p.stop, p.task] for p in self.res.pieces],
+        )
         try:
             # a failed attempt of this run (same run id, resumed) may have left pushes staged
             self._clear_stage()
@@ -182,8 +203,9 @@ class PSLoop(WorkerWatch):
             if mode == "async":  # a worker that died warming up left its ticket: not a real one
                 left = int(tf.raw_ops.QueueSizeV2(handle=self.res.tickets))
                 if left:
-                    tf.raw_ops.QueueDequeueManyV2(handle=self.res.tickets, n=left,
-                                                       component_types=[tf.int64, tf.float32])
+                    tf.raw_ops.QueueDequeueManyV2(
+                        handle=self.res.tickets, n=left, component_types=[tf.int64, tf.float32]
+                    )
             with self.lock:
                 joined = sorted(self.alive)
             self.log.write(Kind.JOINED, workers=joined)
@@ -205,8 +227,7 @@ class PSLoop(WorkerWatch):
             self.stop_event.set()
             self._clear_stage()
             if self.cfg.evaluator:
-                tf.raw_ops.QueueCloseV2(handle=self.res.ckpt,
-                                             cancel_pending_enqueues=True)
+                tf.raw_ops.QueueCloseV2(handle=self.res.ckpt, cancel_pending_enqueues=True)
             if self.timed_out:
                 raise self._timeout_error() from exc
             raise
@@ -222,8 +243,11 @@ class PSLoop(WorkerWatch):
         modes; the workers wait for the next block meanwhile.
         """
         raw, cfg = tf.raw_ops, self.cfg
-        faults = [spec["at"] for who, spec in cfg.faults.items()
-                  if protocol.ps_fault_task(who) is not None]
+        faults = [
+            spec["at"]
+            for who, spec in cfg.faults.items()
+            if protocol.ps_fault_task(who) is not None
+        ]
         while self.version < cfg.steps:
             end = cfg.steps
             if cfg.checkpoint_every:
@@ -231,14 +255,17 @@ class PSLoop(WorkerWatch):
             for at in faults:  # any PS task's fault: task 0's own or another's ("ps:J")
                 if at > self.version:
                     end = min(end, at)
-            lrs = {t: protocol.learning_rate(cfg.lr, cfg.lr_schedule, t)
-                   for t in range(self.version, end)}
+            lrs = {
+                t: protocol.learning_rate(cfg.lr, cfg.lr_schedule, t)
+                for t in range(self.version, end)
+            }
             self._tickets(list(lrs), list(lrs.values()))
             done: dict[int, Applied] = {}
             while self.version < end:  # log in ticket order; applies may finish out of order
                 n = min(ASYNC_CHUNK, end - self.version - len(done))
-                for row in raw.QueueDequeueManyV2(handle=self.res.applied, n=n,
-                                                  component_types=[tf.int64])[0].numpy():
+                for row in raw.QueueDequeueManyV2(
+                    handle=self.res.applied, n=n, component_types=[tf.int64]
+                )[0].numpy():
                     a = Applied(*(int(v) for v in row))
                     done[a.ticket] = a
                     self._heard(a.worker)
@@ -246,19 +273,26 @@ class PSLoop(WorkerWatch):
                     a = done.pop(self.version)
                     stale = protocol.staleness(a.version, a.ticket)
                     self.version += 1
-                    self._log_update(lrs[a.ticket], [protocol.Push(a.worker, a.step, a.version)],
-                                     [stale], [1.0])
+                    self._log_update(
+                        lrs[a.ticket], [protocol.Push(a.worker, a.step, a.version)], [stale], [1.0]
+                    )
             if cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0:
                 self._checkpoint()
             self._fault()
 
     def _log_update(self, lr, pushes, staleness, weights, fresh=None):
         """Record the update just applied: its pushes, how stale each was, with what weight."""
-        self.log.write(Kind.UPDATE, version=self.version, lr=lr,
-                       workers=[p.worker for p in pushes], steps=[p.step for p in pushes],
-                       versions=[p.version for p in pushes], staleness=staleness,
-                       weights=weights,
-                       fresh=[s == 0 for s in staleness] if fresh is None else fresh)
+        self.log.write(
+            Kind.UPDATE,
+            version=self.version,
+            lr=lr,
+            workers=[p.worker for p in pushes],
+            steps=[p.step for p in pushes],
+            versions=[p.version for p in pushes],
+            staleness=staleness,
+            weights=weights,
+            fresh=[s == 0 for s in staleness] if fresh is None else fresh,
+        )
 
     def _loop(self):
         """sync, SSP and backup: take each push off the queue and apply it by the mode's rules."""
@@ -267,8 +301,9 @@ class PSLoop(WorkerWatch):
         agg = None  # SSP applies every push at once; sync and backup aggregate k of them
         if mode in ("sync", "backup"):
             k = cfg.workers if mode == "sync" else cfg.k
-            agg = protocol.BackupAggregator(k, cfg.stale if mode == "backup" else "drop",
-                                            cfg.decay, cfg.fold_bound)
+            agg = protocol.BackupAggregator(
+                k, cfg.stale if mode == "backup" else "drop", cfg.decay, cfg.fold_bound
+            )
             agg.version = self.version
         pushes: dict[tuple[int, int], list] = {}
         while self.version < cfg.steps:
@@ -281,8 +316,11 @@ class PSLoop(WorkerWatch):
                 continue
             if header.kind == WARMUP:  # sent before the worker joined: first in the queue
                 if self.apply_staged is not None:  # remove its pieces (learning rate 0)
-                    self.apply_staged(tf.constant([wire.push_key(worker, step)], tf.int64),
-                                      tf.zeros([1]), tf.constant(0.0))
+                    self.apply_staged(
+                        tf.constant([wire.push_key(worker, step)], tf.int64),
+                        tf.zeros([1]),
+                        tf.constant(0.0),
+                    )
                 continue
             if self.apply_staged is None:  # the gradient came with the header
                 grads = self.comp.decode(comps[1:], self.shapes)
@@ -301,24 +339,37 @@ class PSLoop(WorkerWatch):
                 pushes[(worker, step)] = grads
                 update = agg.offer(push)
                 for p in agg.dropped:
-                    self.log.write(Kind.DROP, worker=p.worker, step=p.step, version=p.version,
-                                   staleness=self.version - p.version)
+                    self.log.write(
+                        Kind.DROP,
+                        worker=p.worker,
+                        step=p.step,
+                        version=p.version,
+                        staleness=self.version - p.version,
+                    )
                     dropped = pushes.pop((p.worker, p.step))
                     if self.apply_staged is not None:
                         self.discard.append(dropped)
                 agg.dropped.clear()
                 if update is not None:
-                    lr = self._apply([pushes.pop((p.worker, p.step)) for p in update.pushes],
-                                     update.weights)
-                    self._log_update(lr, update.pushes,
-                                     [before - p.version for p in update.pushes],
-                                     update.weights, update.fresh)
+                    lr = self._apply(
+                        [pushes.pop((p.worker, p.step)) for p in update.pushes], update.weights
+                    )
+                    self._log_update(
+                        lr,
+                        update.pushes,
+                        [before - p.version for p in update.pushes],
+                        update.weights,
+                        update.fresh,
+                    )
                 self.waiting.append((worker, version_read))
                 self._owe_tokens()
             # after an update only: a push that updated nothing leaves the last checkpoint's
             # version, which must not be written (and evaluated) again
-            if (cfg.checkpoint_every and self.version > before
-                    and self.version % cfg.checkpoint_every == 0):
+            if (
+                cfg.checkpoint_every
+                and self.version > before
+                and self.version % cfg.checkpoint_every == 0
+            ):
                 self._checkpoint()
             self._fault()
 
@@ -327,12 +378,16 @@ class PSLoop(WorkerWatch):
         with self.lock:
             live = sorted(self.alive - self.finished)
         if cfg.mode == "sync":
-            raise RuntimeError(f"worker {worker} died: sync (BSP) training cannot finish without "
-                               f"all {cfg.workers} workers; use mode='backup' with k < "
-                               f"{cfg.workers} to tolerate a lost worker")
+            raise RuntimeError(
+                f"worker {worker} died: sync (BSP) training cannot finish without "
+                f"all {cfg.workers} workers; use mode='backup' with k < "
+                f"{cfg.workers} to tolerate a lost worker"
+            )
         if cfg.mode == "backup" and len(live) < cfg.k:
-            raise RuntimeError(f"worker {worker} died: backup mode needs k={cfg.k} live workers, "
-                               f"only {len(live)} left ({live}); lower k or restart the run")
+            raise RuntimeError(
+                f"worker {worker} died: backup mode needs k={cfg.k} live workers, "
+                f"only {len(live)} left ({live}); lower k or restart the run"
+            )
         if cfg.mode == "ssp":
             self._ssp_grants()
 
@@ -348,8 +403,9 @@ class PSLoop(WorkerWatch):
         this mode (k to N in backup; 1 for a warm-up's removal), so that those updates do not
         pay for it (a larger number, e.g. a folded push and its worker's next, is traced then)."""
         n, k = self.cfg.workers, self.cfg.k
-        counts = range(k, n + 1) if self.cfg.mode == "backup" else [n if self.cfg.mode == "sync"
-                                                                     else 1]
+        counts = (
+            range(k, n + 1) if self.cfg.mode == "backup" else [n if self.cfg.mode == "sync" else 1]
+        )
         warm_staged(self.apply_staged, self.res, [1, *counts])
 
     def _clear_stage(self):
@@ -359,8 +415,9 @@ class PSLoop(WorkerWatch):
         for task, device in enumerate(self.res.devices):
             try:
                 with tf.device(device):
-                    tf.raw_ops.MapClear(dtypes=self.res.stage_dtypes(task),
-                                        shared_name=self.res.stage)
+                    tf.raw_ops.MapClear(
+                        dtypes=self.res.stage_dtypes(task), shared_name=self.res.stage
+                    )
             except tf.errors.OpError:
                 pass  # that PS task is gone (a fault): nothing of it to free
 
@@ -371,11 +428,9 @@ class PSLoop(WorkerWatch):
         if (self.cfg.checkpoint_every or self.cfg.evaluator) and self.last_ckpt != self.version:
             self._checkpoint()
         if self.cfg.evaluator:  # -1: no more checkpoints in this run
-            tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt,
-                                           components=[tf.constant(-1, tf.int64)])
+            tf.raw_ops.QueueEnqueueV2(handle=self.res.ckpt, components=[tf.constant(-1, tf.int64)])
         for var, value in zip(self.model.trainable_variables, self._values()):
             var.assign(value)
         acc = models.accuracy(self.model, *self.test)
         self.log.write(Kind.FINAL, version=self.version, test_accuracy=acc, wall_s=time.time() - t0)
         return {"test_accuracy": acc, "version": self.version}
-

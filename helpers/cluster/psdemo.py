@@ -5,6 +5,7 @@ allows it); the driver starts the PS and two clients, lets client A work and the
 client B, and every process reports what it saw as JSON lines. The clients' code is `client()` below,
 short enough to print in a notebook. Every process is ended by PID, even on errors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,17 +44,30 @@ def client(port: int, first: bool) -> dict:
         if first:
             raw.AssignVariableOp(resource=shared, value=tf.constant(0.0))
         raw.AssignAddVariableOp(resource=shared, value=tf.constant(1.0))
-        mailbox = raw.FIFOQueueV2(component_types=[tf.string], shapes=[[]], capacity=10,
-                                  shared_name=MAILBOX)
-        raw.QueueEnqueueV2(handle=mailbox, components=[tf.constant(f"hello from pid {os.getpid()}")])
+        mailbox = raw.FIFOQueueV2(
+            component_types=[tf.string], shapes=[[]], capacity=10, shared_name=MAILBOX
+        )
+        raw.QueueEnqueueV2(
+            handle=mailbox, components=[tf.constant(f"hello from pid {os.getpid()}")]
+        )
         size = int(raw.QueueSizeV2(handle=mailbox))
-        letters = [] if first else [
-            raw.QueueDequeueV2(handle=mailbox, component_types=[tf.string])[0].numpy().decode()
-            for _ in range(size)]
-        return {"role": "client " + ("A" if first else "B"), "pid": os.getpid(),
-                "plain_device": plain.device, "plain_value": float(plain.numpy()),
-                "shared_value": float(raw.ReadVariableOp(resource=shared, dtype=tf.float32)),
-                "queue_size": size, "letters": letters}
+        letters = (
+            []
+            if first
+            else [
+                raw.QueueDequeueV2(handle=mailbox, component_types=[tf.string])[0].numpy().decode()
+                for _ in range(size)
+            ]
+        )
+        return {
+            "role": "client " + ("A" if first else "B"),
+            "pid": os.getpid(),
+            "plain_device": plain.device,
+            "plain_value": float(plain.numpy()),
+            "shared_value": float(raw.ReadVariableOp(resource=shared, dtype=tf.float32)),
+            "queue_size": size,
+            "letters": letters,
+        }
 
 
 def _say(**msg) -> None:
@@ -63,17 +77,23 @@ def _say(**msg) -> None:
 def _start(args: list[str]) -> subprocess.Popen:
     """Start `python -m helpers.cluster.psdemo ARGS` in this process group, dying with its
     parent."""
-    return spawn([sys.executable, "-m", "helpers.cluster.psdemo", *args],
-                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,  # stderr: the driver's
-                 start_new_session=False)
+    return spawn(
+        [sys.executable, "-m", "helpers.cluster.psdemo", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,  # stderr: the driver's
+        start_new_session=False,
+    )
 
 
 def _read_report(proc: subprocess.Popen, what: str) -> dict:
     line = proc.stdout.readline()  # blocks until the process reports (or dies)
     if not line:
         proc.wait()
-        raise RuntimeError(f"{what} (pid {proc.pid}) exited with code {proc.returncode} "
-                           "before reporting (its error output is above)")
+        raise RuntimeError(
+            f"{what} (pid {proc.pid}) exited with code {proc.returncode} "
+            "before reporting (its error output is above)"
+        )
     return json.loads(line)
 
 
@@ -84,8 +104,10 @@ def drive(port: int) -> None:
         ps = _start(["ps", "--port", str(port)])
         children.append(ps)
         # all three import TensorFlow at once; each client connects when told to
-        clients = [_start(["client", "--port", str(port), "--first"]),
-                   _start(["client", "--port", str(port)])]
+        clients = [
+            _start(["client", "--port", str(port), "--first"]),
+            _start(["client", "--port", str(port)]),
+        ]
         children += clients
         _say(**_read_report(ps, "the PS"))
         for c, name in zip(clients, ("client A", "client B")):  # B only after A has finished
@@ -119,8 +141,16 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
     isolated = network.start().isolated
     # in a private namespace every port is free; outside, ask the kernel for one
     port = 2222 if isolated else free_ports(1)[0]
-    cmd = network.prefix + [sys.executable, "-m", "helpers.cluster.psdemo", "drive",
-                            "--port", str(port), "--parent-pid", str(os.getpid())]
+    cmd = network.prefix + [
+        sys.executable,
+        "-m",
+        "helpers.cluster.psdemo",
+        "drive",
+        "--port",
+        str(port),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
     try:
         driver = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -128,8 +158,9 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
         except subprocess.TimeoutExpired:
             kill_group(driver.pid)  # the driver and its children share a group
             out, err = driver.communicate()
-            raise RuntimeError(f"the PS demo took more than {timeout:.0f} s and was ended:\n"
-                               f"{err[-2000:]}")
+            raise RuntimeError(
+                f"the PS demo took more than {timeout:.0f} s and was ended:\n{err[-2000:]}"
+            )
         finally:
             kill_group(driver.pid)  # anything left of the group
             if driver.poll() is None:

@@ -1,4 +1,5 @@
 """The record of one training run on a LocalCluster: its config, events and summary."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,25 +33,39 @@ class Run:
         """Wall-clock start and end of training: from the workers' joining (after the
         warm-up, which traces the step functions) to the last update."""
         ev = self.events
-        return (float(ev[ev.kind == Kind.JOINED].t.max()),
-                float(ev[ev.kind == Kind.UPDATE].t.max()))
+        return (
+            float(ev[ev.kind == Kind.JOINED].t.max()),
+            float(ev[ev.kind == Kind.UPDATE].t.max()),
+        )
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds each process used while the run trained (`training_window`)."""
         from helpers.system.resources import cpu_seconds_between
 
         start, end = self.training_window()
-        return {name: cpu_seconds_between(samples, start, end)
-                for name, samples in self.cpu_samples.items()}
+        return {
+            name: cpu_seconds_between(samples, start, end)
+            for name, samples in self.cpu_samples.items()
+        }
 
-    def timeline(self, start: float | str = 0.0, seconds: float | None = None, ax=None,
-                 title: str | None = None):
+    def timeline(
+        self,
+        start: float | str = 0.0,
+        seconds: float | None = None,
+        ax=None,
+        title: str | None = None,
+    ):
         """Draw what every worker did when (wait, pull, compute, push, delay) and the PS's
         updates, drops and checkpoints; `start`/`seconds` pick a window (see timeline.plot)."""
         from helpers.cluster import timeline
 
-        return timeline.plot(self.events, start, seconds, ax,
-                             title or f"{self.config.mode}, {self.config.workers} workers")
+        return timeline.plot(
+            self.events,
+            start,
+            seconds,
+            ax,
+            title or f"{self.config.mode}, {self.config.workers} workers",
+        )
 
     def to_chrome_trace(self, path) -> Path:
         """Write the timeline as Trace Event JSON for Perfetto or chrome://tracing."""

@@ -4,6 +4,7 @@ Everything here reads what the cluster's processes wrote (runs/<run-id>/*.jsonl 
 PS's checkpoints); nothing is simulated. The no-cluster baseline they are compared with is
 helpers.training.baseline_sgd.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -80,8 +81,11 @@ def resource_table(run) -> pd.DataFrame:
     st = steps(run)
     rows = {}
     for name, res in run.resources.items():
-        row = {k: res[k] for k in ("cpu_percent", "peak_rss_mb", "peak_pss_mb", "peak_uss_mb")
-               if k in res}
+        row = {
+            k: res[k]
+            for k in ("cpu_percent", "peak_rss_mb", "peak_pss_mb", "peak_uss_mb")
+            if k in res
+        }
         if str(name).startswith("worker:"):
             mine = st[st.worker == int(str(name).split(":")[1])]
             row["mb_sent"] = mine.bytes_pushed.sum() / 1e6
@@ -101,8 +105,10 @@ def eval_curve(run) -> pd.DataFrame:
     """
     ev = run.events
     if Kind.EVAL not in set(ev.kind):
-        raise ValueError(f"run {run.config.run_id} has no evaluator events: start the cluster "
-                         "with LocalCluster(..., evaluator=True)")
+        raise ValueError(
+            f"run {run.config.run_id} has no evaluator events: start the cluster "
+            "with LocalCluster(..., evaluator=True)"
+        )
     ckpts = ev[ev.kind == Kind.CHECKPOINT][["t", "version"]]
     evals = ev[ev.kind == Kind.EVAL][["t", "version", "test_accuracy"]]
     curve = evals.merge(ckpts, on="version", suffixes=("_eval", "_ckpt"))
@@ -138,9 +144,14 @@ def test_curve(run) -> pd.DataFrame:
         logits = np.asarray(model(x_te, training=False), dtype=np.float64)
         logits -= logits.max(axis=1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        rows.append({"elapsed": t - start, "version": int(version),
-                     "test_accuracy": float((logits.argmax(1) == y_te).mean()),
-                     "test_loss": float(-logp[np.arange(len(y_te)), y_te].mean())})
+        rows.append(
+            {
+                "elapsed": t - start,
+                "version": int(version),
+                "test_accuracy": float((logits.argmax(1) == y_te).mean()),
+                "test_loss": float(-logp[np.arange(len(y_te)), y_te].mean()),
+            }
+        )
     curve = pd.DataFrame(rows)
     return curve[curve.elapsed >= 0].reset_index(drop=True)
 
@@ -159,5 +170,3 @@ def updates_to_accuracy(curve: pd.DataFrame, target: float) -> float:
     """PS version (updates applied) at which the test accuracy first reaches `target` (inf if
     never): with time_to_accuracy, time to a target splits into updates x time per update."""
     return _first_hit(curve, target, "version")
-
-

@@ -14,6 +14,7 @@ an SSP worker waits while its clock is more than the bound ahead of the slowest 
 The PS logs an update before it grants the tokens that update frees, so a worker this reading
 calls waiting has not been granted its next step yet.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -78,8 +79,9 @@ class RunState:
                     if int(w) in self.ps_clock:
                         self.ps_clock[int(w)] += 1
                 if self.fold:
-                    self.folds += sum(1 for f, wt in zip(e["fresh"], e["weights"])
-                                      if not f and wt > 0)
+                    self.folds += sum(
+                        1 for f, wt in zip(e["fresh"], e["weights"]) if not f and wt > 0
+                    )
             elif kind == Kind.DROP:
                 self.drops += 1
                 self.pushes_used += 1
@@ -126,12 +128,18 @@ class RunState:
             return "done"
         if self.joined is None:
             return "starting"
-        if self.mode in ("sync", "backup") and None not in (self.version, s.version_read) \
-                and self.version <= s.version_read:
+        if (
+            self.mode in ("sync", "backup")
+            and None not in (self.version, s.version_read)
+            and self.version <= s.version_read
+        ):
             return "waiting for a token"
         if self.mode == "ssp":
-            live = [self.ps_clock[v] for v, o in self.workers.items()
-                    if not (o.dead or o.done) and v not in self.stopped]
+            live = [
+                self.ps_clock[v]
+                for v, o in self.workers.items()
+                if not (o.dead or o.done) and v not in self.stopped
+            ]
             if live and s.clock - min(live) > self.bound:
                 return "waiting for a token"
         typical = statistics.median(s.durations) if s.durations else 0.0
@@ -162,22 +170,40 @@ class RunState:
         if self.final is not None:  # a finished run is shown as it ended
             now = self.final["t"]
         elif now is None:
-            now = max(
-                [s.last_t for s in self.workers.values() if s.last_t] + [self.started or 0])
-        workers = [{"worker": w, "clock": s.clock, "version read": s.version_read,
-                    "staleness": self.staleness(w), "doing": self.doing(w, now),
-                    "steps/s": self._rate(s.step_times, s.clock, now),
-                    "last step": dict(s.phases)}
-                   for w, s in self.workers.items()]
-        ps = {"version": self.version, "updates": self.updates, "of": self.steps_total,
-              "updates/s": self._rate(self.update_times, self.updates, now),
-              "pending pushes": (None if self.mode == "async"
-                                 else max(0, self.pushes_sent - self.pushes_used)),
-              "drops": self.drops, "folds": self.folds if self.fold else None,
-              "elapsed_s": now - (self.joined or self.started) if self.started else 0.0}
-        return {"mode": self.mode, "bound": self.bound, "workers": workers, "ps": ps,
-                "finished": self.final is not None, "warming up": self.joined is None,
-                "ps stopped": self.ps_stopped}
+            now = max([s.last_t for s in self.workers.values() if s.last_t] + [self.started or 0])
+        workers = [
+            {
+                "worker": w,
+                "clock": s.clock,
+                "version read": s.version_read,
+                "staleness": self.staleness(w),
+                "doing": self.doing(w, now),
+                "steps/s": self._rate(s.step_times, s.clock, now),
+                "last step": dict(s.phases),
+            }
+            for w, s in self.workers.items()
+        ]
+        ps = {
+            "version": self.version,
+            "updates": self.updates,
+            "of": self.steps_total,
+            "updates/s": self._rate(self.update_times, self.updates, now),
+            "pending pushes": (
+                None if self.mode == "async" else max(0, self.pushes_sent - self.pushes_used)
+            ),
+            "drops": self.drops,
+            "folds": self.folds if self.fold else None,
+            "elapsed_s": now - (self.joined or self.started) if self.started else 0.0,
+        }
+        return {
+            "mode": self.mode,
+            "bound": self.bound,
+            "workers": workers,
+            "ps": ps,
+            "finished": self.final is not None,
+            "warming up": self.joined is None,
+            "ps stopped": self.ps_stopped,
+        }
 
 
 def _thin(points: list) -> list:

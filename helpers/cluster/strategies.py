@@ -6,6 +6,7 @@
 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) and Keras 3
 dropped ParameterServerStrategy training altogether (keras-team/keras#18624).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from helpers import files
+from helpers.data.arrays import load_arrays
 from helpers.system.control import Event, event_line
 from helpers.system.netns import loopback_tx_bytes
 
 # The engine's loader (same seeded subset and scaling) and accuracy (argmax over test batches).
 from helpers.training.models import MODELS, accuracy, build
-from helpers.data.arrays import load_arrays
 
 KINDS = ("mwms", "ps", "server")
 
@@ -46,8 +47,10 @@ def validate(job: dict, workers: int = 1) -> dict:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
         if job["kind"] == "mwms" and sizes["batch_size"] % workers:
-            raise ValueError(f"global batch_size {sizes['batch_size']} must be divisible by the "
-                             f"{workers} workers: use a multiple of {workers}")
+            raise ValueError(
+                f"global batch_size {sizes['batch_size']} must be divisible by the "
+                f"{workers} workers: use a multiple of {workers}"
+            )
     if not job.get("lr", 0) > 0:
         raise ValueError(f"lr must be > 0, got {job.get('lr')!r}")
     return job
@@ -78,13 +81,22 @@ def run_mwms(job: dict) -> dict:
             result = train_mirrored(strategy, dict(job, **run), x, y, xt, yt, task, workers)
         usage = monitor.summary()[os.getpid()]
         result["times"]["end"] = time.time()  # after the monitor's thread has stopped
-        results.append(dict(result, cpu_percent=usage["cpu_percent"],
-                            peak_rss_mb=usage["peak_rss_mb"]))
-    return {"workers": strategy.num_replicas_in_sync, "ready_s": ready - started, "runs": results,
-            "train_s": sum(r["train_s"] for r in results),
-            "eval_s": sum(r["eval_s"] for r in results),
-            "times": {"started": started, "ready": ready, "job_start": job_start,
-                      "result": time.time()}}
+        results.append(
+            dict(result, cpu_percent=usage["cpu_percent"], peak_rss_mb=usage["peak_rss_mb"])
+        )
+    return {
+        "workers": strategy.num_replicas_in_sync,
+        "ready_s": ready - started,
+        "runs": results,
+        "train_s": sum(r["train_s"] for r in results),
+        "eval_s": sum(r["eval_s"] for r in results),
+        "times": {
+            "started": started,
+            "ready": ready,
+            "job_start": job_start,
+            "result": time.time(),
+        },
+    }
 
 
 def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -> dict:
@@ -121,17 +133,20 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
             k = ctx.replica_id_in_sync_group - task * local_replicas
             part = slice(k * per_replica, (k + 1) * per_replica)
             return xb[part], yb[part]
+
         return strategy.experimental_distribute_values_from_function(mine)
 
     with strategy.scope():
         model = build(job["model"], (28, 28), 10, seed)
-        optimizer = keras.optimizers.get({"class_name": job.get("optimizer", "adam"),
-                                          "config": {"learning_rate": job["lr"]}})
+        optimizer = keras.optimizers.get(
+            {"class_name": job.get("optimizer", "adam"), "config": {"learning_rate": job["lr"]}}
+        )
 
     def replica_step(xb, yb):
         with tf.GradientTape() as tape:
             per_example = keras.losses.sparse_categorical_crossentropy(
-                yb, model(xb, training=True), from_logits=True)
+                yb, model(xb, training=True), from_logits=True
+            )
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces grads
@@ -162,21 +177,35 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
         t1 = time.perf_counter()
         acc = test_accuracy()
         train_s, eval_s = train_s + t1 - t0, eval_s + time.perf_counter() - t1
-        history.append({"epoch": epoch, "loss": float(np.mean(losses)), "test_accuracy": acc,
-                        "train_s": train_s})
+        history.append(
+            {
+                "epoch": epoch,
+                "loss": float(np.mean(losses)),
+                "test_accuracy": acc,
+                "train_s": train_s,
+            }
+        )
     times["epochs_end"] = time.time()
     lo_end = loopback_tx_bytes()
-    return {"workers": n, "batch_size": batch, "steps_per_epoch": steps, "history": history,
-            "setup_s": times["setup_end"] - times["start"], "train_s": train_s, "eval_s": eval_s,
-            "test_accuracy": history[-1]["test_accuracy"],
-            "grad_bytes": grad_bytes,
-            "bytes_sent": ring_bytes(grad_bytes, n) * steps * len(history),  # the formula
-            # measured: what crossed the loopback while the epochs ran (training, evaluation,
-            # TF's own heartbeats), all workers together; meaningful in a private namespace
-            "loopback_bytes": None if lo_start is None or lo_end is None else lo_end - lo_start,
-            "weights_checksum": float(sum(float(np.abs(v.numpy()).sum())
-                                          for v in model.trainable_variables)),
-            "times": dict(times, returned=time.time())}
+    return {
+        "workers": n,
+        "batch_size": batch,
+        "steps_per_epoch": steps,
+        "history": history,
+        "setup_s": times["setup_end"] - times["start"],
+        "train_s": train_s,
+        "eval_s": eval_s,
+        "test_accuracy": history[-1]["test_accuracy"],
+        "grad_bytes": grad_bytes,
+        "bytes_sent": ring_bytes(grad_bytes, n) * steps * len(history),  # the formula
+        # measured: what crossed the loopback while the epochs ran (training, evaluation,
+        # TF's own heartbeats), all workers together; meaningful in a private namespace
+        "loopback_bytes": None if lo_start is None or lo_end is None else lo_end - lo_start,
+        "weights_checksum": float(
+            sum(float(np.abs(v.numpy()).sum()) for v in model.trainable_variables)
+        ),
+        "times": dict(times, returned=time.time()),
+    }
 
 
 def run_ps(job: dict) -> dict:
@@ -185,15 +214,15 @@ def run_ps(job: dict) -> dict:
     `steps` updates are timed after one more that traces the step function.
     """
     import keras
-    import tensorflow as tf
-
     import psutil
+    import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     n_ps = len(resolver.cluster_spec().as_dict().get("ps", []))
     # with several PS tasks, each variable is split over them as TF's PS tutorial does
-    partitioner = (tf.distribute.experimental.partitioners.FixedShardsPartitioner(n_ps)
-                   if n_ps > 1 else None)
+    partitioner = (
+        tf.distribute.experimental.partitioners.FixedShardsPartitioner(n_ps) if n_ps > 1 else None
+    )
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     started, ready = psutil.Process().create_time(), time.time()
@@ -214,18 +243,25 @@ def run_ps(job: dict) -> dict:
     # the tf.Variables behind Keras 3's variables: with a partitioner each is a ShardedVariable,
     # whose shards (one per PS) are what a gradient can be taken for and applied to; Keras's
     # own wrapper has no `handle` for a GradientTape then
-    weights = [shard for v in model.trainable_variables
-               for shard in getattr(v.value, "variables", [v.value])]
+    weights = [
+        shard
+        for v in model.trainable_variables
+        for shard in getattr(v.value, "variables", [v.value])
+    ]
 
     @tf.function
     def step_fn(it):
         def replica_fn(xb, yb):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                    yb, model(xb, training=True), from_logits=True))
+                loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(
+                        yb, model(xb, training=True), from_logits=True
+                    )
+                )
             for var, grad in zip(weights, tape.gradient(loss, weights)):
                 var.assign_sub(lr * grad)  # plain SGD, applied on the PS as each step lands
             return loss
+
         return strategy.run(replica_fn, args=next(it))
 
     steps, job_start = job["steps"], time.time()
@@ -239,14 +275,25 @@ def run_ps(job: dict) -> dict:
     losses = [float(r.fetch()) for r in remote]
     t1 = time.perf_counter()
     test_accuracy = accuracy(model, xt, yt)
-    return {"workers": len(resolver.cluster_spec().as_dict().get("worker", [])), "steps": steps,
-            "ps": n_ps, "shards": [len(getattr(v.value, "variables", [v]))
-                                   for v in model.trainable_variables],
-            "ready_s": ready - started, "train_s": train_s, "steps_per_s": steps / train_s,
-            "loss_first": float(np.mean(losses[:20])), "loss_last": float(np.mean(losses[-20:])),
-            "test_accuracy": test_accuracy, "eval_s": time.perf_counter() - t1,
-            "times": {"started": started, "ready": ready, "job_start": job_start,
-                      "result": time.time()}}
+    return {
+        "workers": len(resolver.cluster_spec().as_dict().get("worker", [])),
+        "steps": steps,
+        "ps": n_ps,
+        "shards": [len(getattr(v.value, "variables", [v])) for v in model.trainable_variables],
+        "ready_s": ready - started,
+        "train_s": train_s,
+        "steps_per_s": steps / train_s,
+        "loss_first": float(np.mean(losses[:20])),
+        "loss_last": float(np.mean(losses[-20:])),
+        "test_accuracy": test_accuracy,
+        "eval_s": time.perf_counter() - t1,
+        "times": {
+            "started": started,
+            "ready": ready,
+            "job_start": job_start,
+            "result": time.time(),
+        },
+    }
 
 
 def write_mnist_rows(path: Path, train_size: int, seed: int = 0) -> Path:
@@ -266,8 +313,13 @@ def run_server() -> None:
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                  task_index=resolver.task_id, protocol="grpc", start=True)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol="grpc",
+        start=True,
+    )
     print(event_line(Event.READY), end="", flush=True)
     server.join()
 

@@ -9,6 +9,7 @@ began its job and reported, when its process exited and how it ended (`Launch.ph
 turns it into start-up, training, evaluation and teardown). The tasks are ended together:
 MultiWorkerMirroredStrategy catches SIGTERM, so each still-running one costs a grace period.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ from pathlib import Path
 
 from helpers import config, files
 from helpers.system import netns, resources
-from helpers.system.processes import (ChildProcess, NoResult, end_all, free_ports, log_section,
-                                      unique_name, wait_for_results)
+from helpers.system.processes import (
+    ChildProcess,
+    NoResult,
+    end_all,
+    free_ports,
+    log_section,
+    unique_name,
+    wait_for_results,
+)
 
 ROLES = ("chief", "worker", "ps")
 
@@ -68,9 +76,16 @@ class TFConfigCluster:
         ValueError: for bad roles or timeout, before any process starts.
     """
 
-    def __init__(self, roles: dict, job: dict, servers=(), timeout: float = 600.0,
-                 name: str | None = None, module: str = "helpers.cluster.strategies",
-                 isolate="auto"):
+    def __init__(
+        self,
+        roles: dict,
+        job: dict,
+        servers=(),
+        timeout: float = 600.0,
+        name: str | None = None,
+        module: str = "helpers.cluster.strategies",
+        isolate="auto",
+    ):
         self.cluster = cluster_spec(roles)
         if module == "helpers.cluster.strategies":
             from helpers.cluster.strategies import validate
@@ -107,8 +122,11 @@ class TFConfigCluster:
         self.t0 = time.time()
         tasks = sum(len(addresses) for addresses in self.cluster.values())
         try:
-            resources.check_memory(tasks, f"A TF_CONFIG cluster of {tasks} tasks",
-                                   lambda fit: f"Use fewer tasks ({fit} would fit)")
+            resources.check_memory(
+                tasks,
+                f"A TF_CONFIG cluster of {tasks} tasks",
+                lambda fit: f"Use fewer tasks ({fit} would fit)",
+            )
         except resources.NotEnoughMemory as exc:
             raise TFConfigError(str(exc)) from None
         try:
@@ -128,10 +146,20 @@ class TFConfigCluster:
                 for index in range(len(addresses)):
                     name = f"{role}:{index}"
                     job_file = job_files["server" if role in self.servers else "job"]
-                    cmd = prefix + [sys.executable, "-m", self.module, str(job_file),
-                                    str(os.getpid())]
-                    self.procs[name] = ChildProcess(name, cmd, dict(env, TF_CONFIG=tf_config(
-                        self.cluster, role, index)), self.dir / f"{role}-{index}.log", self.inbox)
+                    cmd = prefix + [
+                        sys.executable,
+                        "-m",
+                        self.module,
+                        str(job_file),
+                        str(os.getpid()),
+                    ]
+                    self.procs[name] = ChildProcess(
+                        name,
+                        cmd,
+                        dict(env, TF_CONFIG=tf_config(self.cluster, role, index)),
+                        self.dir / f"{role}-{index}.log",
+                        self.inbox,
+                    )
         except BaseException:
             self.stop()
             raise
@@ -152,8 +180,11 @@ class TFConfigCluster:
             failed = exc
         if failed.how.startswith("timed out"):
             self._fail(f"{failed.how} waiting for {failed.waiting}", failed.name)
-        self._fail(f"{failed.name} (pid {self.procs[failed.name].pid}) {failed.how} "
-                   "before reporting a result", failed.name)
+        self._fail(
+            f"{failed.name} (pid {self.procs[failed.name].pid}) {failed.how} "
+            "before reporting a result",
+            failed.name,
+        )
 
     def _fail(self, what: str, name: str):
         log = self.procs[name].log_path
@@ -220,13 +251,25 @@ class Launch:
         train = self.results[lead]["train_s"]
         evaluate = self.results[lead].get("eval_s", 0.0)
         overhead = self.wall_s - train - evaluate
-        return {"wall_s": self.wall_s, "startup_s": startup, "train_s": train,
-                "eval_s": evaluate, "other_s": overhead - startup - teardown,
-                "teardown_s": teardown, "overhead_s": overhead}
+        return {
+            "wall_s": self.wall_s,
+            "startup_s": startup,
+            "train_s": train,
+            "eval_s": evaluate,
+            "other_s": overhead - startup - teardown,
+            "teardown_s": teardown,
+            "overhead_s": overhead,
+        }
 
 
-def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | None = None,
-        isolate="auto") -> Launch:
+def run(
+    roles: dict,
+    job: dict,
+    servers=(),
+    timeout: float = 600.0,
+    name: str | None = None,
+    isolate="auto",
+) -> Launch:
     """Start a cluster, run `job`, end every process; return the Launch.
 
     Raises:
@@ -242,5 +285,6 @@ def run(roles: dict, job: dict, servers=(), timeout: float = 600.0, name: str | 
         with ResourceMonitor(list(names), interval=0.5, pss_every=2.0) as monitor:
             results = cluster.wait()
     resources = {names[pid]: v for pid, v in monitor.summary().items()}
-    return Launch(results, resources, time.perf_counter() - t0, cluster.timeline(),
-                  cluster.dir, isolated)
+    return Launch(
+        results, resources, time.perf_counter() - t0, cluster.timeline(), cluster.dir, isolated
+    )

@@ -6,6 +6,7 @@ push, and a simulated straggler's delay) from the step's wall-clock stamps (even
 draws both, one row per worker and one for the PS; `to_chrome_trace` writes them in the Trace
 Event format that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,14 +14,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from helpers.files import atomic_path
 from helpers.cluster.dashboard import COLOURS, PHASE_COLOURS
 from helpers.cluster.events import Kind, StepStamps
+from helpers.files import atomic_path
 
 PHASES = tuple(PHASE_COLOURS)  # wait, pull, compute, push, delay
-MARKS = {Kind.UPDATE: ("update", "|", "#333"), Kind.DROP: ("drop", "x", "#d62728"),
-         Kind.CHECKPOINT: ("checkpoint", "s", "#2ca02c"), Kind.FAULT: ("fault", "*", "#d62728"),
-         Kind.DEAD: ("dead", "X", "#d62728"), Kind.TIMEOUT: ("timeout", "X", "#d62728")}
+MARKS = {
+    Kind.UPDATE: ("update", "|", "#333"),
+    Kind.DROP: ("drop", "x", "#d62728"),
+    Kind.CHECKPOINT: ("checkpoint", "s", "#2ca02c"),
+    Kind.FAULT: ("fault", "*", "#d62728"),
+    Kind.DEAD: ("dead", "X", "#d62728"),
+    Kind.TIMEOUT: ("timeout", "X", "#d62728"),
+}
 
 
 def spans(events: pd.DataFrame) -> pd.DataFrame:
@@ -28,15 +34,18 @@ def spans(events: pd.DataFrame) -> pd.DataFrame:
     rows = []
     steps = events[events.kind == Kind.STEP] if len(events) else events
     if len(steps) and "stamps" not in steps:
-        raise ValueError("these events have no step stamps (written by an older version of "
-                         "the cluster): run the training again to draw its timeline")
+        raise ValueError(
+            "these events have no step stamps (written by an older version of "
+            "the cluster): run the training again to draw its timeline"
+        )
     for e in steps.itertuples(index=False):
         stamps = StepStamps(*e.stamps)
         for phase, a, b in stamps.phases():
             rows.append((int(e.worker), int(e.step), phase, a, b))
         if getattr(e, "delay_s", 0):
-            rows.append((int(e.worker), int(e.step), "delay", stamps.returned,
-                         stamps.returned + e.delay_s))
+            rows.append(
+                (int(e.worker), int(e.step), "delay", stamps.returned, stamps.returned + e.delay_s)
+            )
     return pd.DataFrame(rows, columns=["worker", "step", "phase", "start", "end"])
 
 
@@ -51,8 +60,11 @@ def marks(events: pd.DataFrame) -> pd.DataFrame:
     start = events[events.kind == Kind.START] if len(events) else events
     if len(start) and start["mode"].iloc[-1] == "async" and len(keep):
         steps = events[events.kind == Kind.STEP]
-        pushed = {(int(e.worker), int(e.step)): StepStamps(*e.stamps).pushed
-                  for e in steps.itertuples(index=False) if e.pushed}
+        pushed = {
+            (int(e.worker), int(e.step)): StepStamps(*e.stamps).pushed
+            for e in steps.itertuples(index=False)
+            if e.pushed
+        }
         keep = keep.copy()
         for i in keep.index[keep.kind == Kind.UPDATE]:
             key = (int(keep.at[i, "workers"][0]), int(keep.at[i, "steps"][0]))
@@ -62,9 +74,15 @@ def marks(events: pd.DataFrame) -> pd.DataFrame:
     own = keep.source.str.startswith("worker-")
     worker = worker.astype(float).copy()
     worker[own] = keep.source[own].str.removeprefix("worker-").astype(float)
-    out = pd.DataFrame({"kind": keep.kind.astype(str), "t": keep.t,
-                        "version": keep.get("version"), "worker": worker,
-                        "source": keep.source})
+    out = pd.DataFrame(
+        {
+            "kind": keep.kind.astype(str),
+            "t": keep.t,
+            "version": keep.get("version"),
+            "worker": worker,
+            "source": keep.source,
+        }
+    )
     return out.reset_index(drop=True)
 
 
@@ -77,8 +95,13 @@ def _origin(events) -> float:
     return float(events.t.min())
 
 
-def plot(events: pd.DataFrame, start: float | str = 0.0, seconds: float | None = None,
-         ax=None, title: str | None = None):
+def plot(
+    events: pd.DataFrame,
+    start: float | str = 0.0,
+    seconds: float | None = None,
+    ax=None,
+    title: str | None = None,
+):
     """Draw the timeline: a row per worker (phase bars) and one for the PS (its marks).
 
     Args:
@@ -95,8 +118,10 @@ def plot(events: pd.DataFrame, start: float | str = 0.0, seconds: float | None =
 
     t0 = _origin(events)
     sp, mk = spans(events), marks(events)
-    end = max(sp.end.max() if len(sp) else events.t.max(),
-              mk.t.max() if len(mk) else -float("inf")) - t0
+    end = (
+        max(sp.end.max() if len(sp) else events.t.max(), mk.t.max() if len(mk) else -float("inf"))
+        - t0
+    )
     if start == "middle":
         start = max(0.0, (end - (seconds or end)) / 2)
     elif isinstance(start, str):
@@ -110,8 +135,11 @@ def plot(events: pd.DataFrame, start: float | str = 0.0, seconds: float | None =
         for phase in PHASES:
             part = mine[mine.phase == phase]
             if len(part):
-                ax.broken_barh(list(zip(part.start - t0, part.end - part.start)),
-                               (row - 0.4, 0.8), facecolors=PHASE_COLOURS[phase])
+                ax.broken_barh(
+                    list(zip(part.start - t0, part.end - part.start)),
+                    (row - 0.4, 0.8),
+                    facecolors=PHASE_COLOURS[phase],
+                )
     ps_row = len(workers)
     shown = mk[(mk.t - t0 >= lo) & (mk.t - t0 <= hi)]
     for kind, (label, marker, colour) in MARKS.items():
@@ -121,9 +149,14 @@ def plot(events: pd.DataFrame, start: float | str = 0.0, seconds: float | None =
         if kind == Kind.UPDATE:
             ax.vlines(part.t - t0, ps_row - 0.4, ps_row + 0.4, colors=colour, linewidth=0.6)
             continue
-        rows = [ps_row if pd.isna(w) or kind not in (Kind.DROP, Kind.DEAD, Kind.FAULT)
-                else workers.index(int(w)) if int(w) in workers else ps_row
-                for w in part.worker]
+        rows = [
+            ps_row
+            if pd.isna(w) or kind not in (Kind.DROP, Kind.DEAD, Kind.FAULT)
+            else workers.index(int(w))
+            if int(w) in workers
+            else ps_row
+            for w in part.worker
+        ]
         ax.scatter(part.t - t0, rows, marker=marker, color=colour, zorder=3, s=30)
     ax.set_yticks(range(len(workers) + 1), [f"worker {w}" for w in workers] + ["PS"])
     for tick, w in zip(ax.get_yticklabels(), workers):
@@ -132,11 +165,12 @@ def plot(events: pd.DataFrame, start: float | str = 0.0, seconds: float | None =
     ax.invert_yaxis()
     ax.set_xlim(lo, hi)
     ax.set_xlabel("seconds since every worker joined")
-    handles = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()
-               if p in set(sp.phase)]
-    handles += [Line2D([], [], color=colour, marker=marker, linestyle="", label=label)
-                for kind, (label, marker, colour) in MARKS.items()
-                if str(kind) in set(shown.kind)]
+    handles = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items() if p in set(sp.phase)]
+    handles += [
+        Line2D([], [], color=colour, marker=marker, linestyle="", label=label)
+        for kind, (label, marker, colour) in MARKS.items()
+        if str(kind) in set(shown.kind)
+    ]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if title:
         ax.set_title(title)
@@ -167,21 +201,51 @@ def to_chrome_trace(events: pd.DataFrame, path: Path | str, name: str = "run") -
     """
     start = events[events.kind == Kind.START]
     t0 = float(start.t.min()) if len(start) else _origin(events)
-    trace = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": name}},
-             {"ph": "M", "name": "thread_name", "pid": 1, "tid": 0, "args": {"name": "PS"}}]
+    trace = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": name}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 0, "args": {"name": "PS"}},
+    ]
     sp = spans(events)
     for w in sorted(sp.worker.unique()):
-        trace.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": int(w) + 1,
-                      "args": {"name": f"worker {w}"}})
+        trace.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": 1,
+                "tid": int(w) + 1,
+                "args": {"name": f"worker {w}"},
+            }
+        )
     for e in sp.itertuples(index=False):
-        trace.append({"ph": "X", "name": e.phase, "cat": "step", "pid": 1,
-                      "tid": int(e.worker) + 1, "ts": round((e.start - t0) * 1e6, 1),
-                      "dur": round((e.end - e.start) * 1e6, 1), "args": {"step": int(e.step)}})
+        trace.append(
+            {
+                "ph": "X",
+                "name": e.phase,
+                "cat": "step",
+                "pid": 1,
+                "tid": int(e.worker) + 1,
+                "ts": round((e.start - t0) * 1e6, 1),
+                "dur": round((e.end - e.start) * 1e6, 1),
+                "args": {"step": int(e.step)},
+            }
+        )
     for m in marks(events).itertuples(index=False):
-        args = {k: (None if pd.isna(v) else int(v)) for k, v in
-                (("version", m.version), ("worker", m.worker))}
-        trace.append({"ph": "i", "s": "t", "name": m.kind, "cat": "ps", "pid": 1, "tid": 0,
-                      "ts": round((m.t - t0) * 1e6, 1), "args": args})
+        args = {
+            k: (None if pd.isna(v) else int(v))
+            for k, v in (("version", m.version), ("worker", m.worker))
+        }
+        trace.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "name": m.kind,
+                "cat": "ps",
+                "pid": 1,
+                "tid": 0,
+                "ts": round((m.t - t0) * 1e6, 1),
+                "args": args,
+            }
+        )
     with atomic_path(Path(path)) as tmp:
         tmp.write_text(json.dumps({"traceEvents": trace, "displayTimeUnit": "ms"}))
     return Path(path)

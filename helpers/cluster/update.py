@@ -1,10 +1,19 @@
 """One update of the PS's parameters, as the PS applies it (sync, SSP, backup) and as an async
 worker applies its own gradient on the PS, inside its step function (worker.py)."""
+
 from __future__ import annotations
 
 
-def apply_update(var_handles, version_handle, grads_list, weights, lr, momentum=0.0,
-                 velocity_handles=(), devices=None):
+def apply_update(
+    var_handles,
+    version_handle,
+    grads_list,
+    weights,
+    lr,
+    momentum=0.0,
+    velocity_handles=(),
+    devices=None,
+):
     """One update: SGD (or momentum) with the weighted sum of the pushed gradients.
 
     var <- var - lr * sum_j weights[j] * grads_list[j] (with momentum m: v <- m v + g,
@@ -37,8 +46,9 @@ def _write(handle, grad, lr, momentum, velocity):
 
     raw = tf.raw_ops
     if momentum:
-        return raw.ResourceApplyMomentum(var=handle, accum=velocity, lr=lr, grad=grad,
-                                         momentum=tf.constant(momentum, tf.float32))
+        return raw.ResourceApplyMomentum(
+            var=handle, accum=velocity, lr=lr, grad=grad, momentum=tf.constant(momentum, tf.float32)
+        )
     return raw.ResourceApplyGradientDescent(var=handle, alpha=lr, delta=grad)
 
 
@@ -68,14 +78,20 @@ def staged_apply(res, comp, momentum):
             with tf.device(res.devices[task]):
                 summed = [tf.zeros(s) for s in shapes]
                 for n in range(keys.shape[0]):
-                    wire = raw.MapUnstage(key=keys[n], indices=list(range(len(dtypes))),
-                                          dtypes=dtypes, shared_name=res.stage)
+                    wire = raw.MapUnstage(
+                        key=keys[n],
+                        indices=list(range(len(dtypes))),
+                        dtypes=dtypes,
+                        shared_name=res.stage,
+                    )
                     grads = comp.decode(wire, shapes)
-                    summed = [a + weights[n] * tf.reshape(g, a.shape)
-                              for a, g in zip(summed, grads)]
+                    summed = [
+                        a + weights[n] * tf.reshape(g, a.shape) for a, g in zip(summed, grads)
+                    ]
                 for i, g in zip(idx, summed):
-                    writes.append(_write(res.vars[i], g, lr, momentum,
-                                         res.velocity[i] if momentum else None))
+                    writes.append(
+                        _write(res.vars[i], g, lr, momentum, res.velocity[i] if momentum else None)
+                    )
         with tf.control_dependencies(writes):
             return tf.constant(0)
 
@@ -96,7 +112,11 @@ def warm_staged(fn, res, counts) -> None:
                 continue
             with tf.device(res.devices[task]):
                 for key in keys:
-                    raw.MapStage(key=key, indices=list(range(len(spec))),
-                                 values=[tf.zeros(s, d) for d, s in spec],
-                                 dtypes=res.stage_dtypes(task), shared_name=res.stage)
+                    raw.MapStage(
+                        key=key,
+                        indices=list(range(len(spec))),
+                        values=[tf.zeros(s, d) for d, s in spec],
+                        dtypes=res.stage_dtypes(task),
+                        shared_name=res.stage,
+                    )
         fn(keys, tf.zeros([n]), tf.constant(0.0))

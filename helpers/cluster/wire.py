@@ -29,6 +29,7 @@ gradient bytes go to the task that holds the parameters, and the decisions stay 
 The rules that decide when the PS applies a push or grants a token are in protocol.py;
 the processes that move these messages are ps.py, worker.py and evaluator.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,7 +107,8 @@ def plan(shapes, tasks: int) -> list[Piece]:
 
     total = sum(4 * math.prod(s) for s in shapes)
     part = tf.distribute.experimental.partitioners.MinSizePartitioner(
-        min_shard_bytes=max(256, total // (4 * tasks)), max_shards=tasks)
+        min_shard_bytes=max(256, total // (4 * tasks)), max_shards=tasks
+    )
     pieces = []
     for i, s in enumerate(shapes):
         n = part(tf.TensorShape(s), tf.float32)[0] if len(s) else 1
@@ -131,8 +133,9 @@ def split(tensors, pieces: list[Piece]):
     counts = {}
     for p in pieces:
         counts[p.var] = counts.get(p.var, 0) + 1
-    return [tensors[p.var] if counts[p.var] == 1 else tensors[p.var][p.start:p.stop]
-            for p in pieces]
+    return [
+        tensors[p.var] if counts[p.var] == 1 else tensors[p.var][p.start : p.stop] for p in pieces
+    ]
 
 
 def join(parts, pieces: list[Piece], concat):
@@ -150,7 +153,7 @@ def by_task(pieces: list[Piece], tasks: int) -> list[list[int]]:
 
 def push_key(worker, step):
     """The key of a push's pieces in the `stage` buffers (step -1, the warm-up's, included)."""
-    return worker * 2 ** 32 + step + 1
+    return worker * 2**32 + step + 1
 
 
 @dataclass
@@ -198,8 +201,9 @@ def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
     comp = compression.from_spec(cfg.compress)
     # a push carries the compressor's wire tensors (e.g. top-k values + indices), so only
     # those cross the network; every node declares the queue with the same spec
-    task_wire = [comp.wire_spec([pieces[i].shape for i in idx])
-                 for idx in by_task(pieces, len(ps_devices))]
+    task_wire = [
+        comp.wire_spec([pieces[i].shape for i in idx]) for idx in by_task(pieces, len(ps_devices))
+    ]
     wire = task_wire[0] if len(ps_devices) == 1 else []
     one = len(ps_devices) == 1
 
@@ -209,30 +213,53 @@ def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
             return raw.VarHandleOp(dtype=tf.float32, shape=p.shape, shared_name=name)
 
     def ids(name, capacity):  # a queue of int64 scalars (worker ids, versions)
-        return raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[]], capacity=capacity,
-                               shared_name=prefix + name)
+        return raw.FIFOQueueV2(
+            component_types=[tf.int64], shapes=[[]], capacity=capacity, shared_name=prefix + name
+        )
 
     vars_ = [var("w", i, p) for i, p in enumerate(pieces)]
     velocity = [var("v", i, p) for i, p in enumerate(pieces)]
     with tf.device(ps_devices[0]):
         return Resources(
-            pieces=pieces, devices=list(ps_devices), vars=vars_, velocity=velocity,
+            pieces=pieces,
+            devices=list(ps_devices),
+            vars=vars_,
+            velocity=velocity,
             version=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "version"),
             stopped=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "stopped"),
-            grads=raw.FIFOQueueV2(component_types=[tf.int64] + [tf.as_dtype(d) for d, _ in wire],
-                                  shapes=[[len(Header._fields)]] + [list(s) for _, s in wire],
-                                  capacity=max(4, 2 * cfg.workers), shared_name=prefix + "grads"),
-            tokens=[raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[len(Token._fields)]],
-                                    capacity=100_000, shared_name=f"{prefix}tokens{w}")
-                    for w in range(max(cfg.worker_ids) + 1)],
+            grads=raw.FIFOQueueV2(
+                component_types=[tf.int64] + [tf.as_dtype(d) for d, _ in wire],
+                shapes=[[len(Header._fields)]] + [list(s) for _, s in wire],
+                capacity=max(4, 2 * cfg.workers),
+                shared_name=prefix + "grads",
+            ),
+            tokens=[
+                raw.FIFOQueueV2(
+                    component_types=[tf.int64],
+                    shapes=[[len(Token._fields)]],
+                    capacity=100_000,
+                    shared_name=f"{prefix}tokens{w}",
+                )
+                for w in range(max(cfg.worker_ids) + 1)
+            ],
             join=ids("join", 1000),
             done=ids("done", 1000),
             ckpt=ids("ckpt", 100_000),
-            tickets=raw.FIFOQueueV2(component_types=[tf.int64, tf.float32], shapes=[[], []],
-                                    capacity=-1, shared_name=prefix + "tickets"),
-            applied=raw.FIFOQueueV2(component_types=[tf.int64], shapes=[[len(Applied._fields)]],
-                                    capacity=-1, shared_name=prefix + "applied"),
-            wire=wire, task_wire=task_wire, stage=prefix + "stage",
+            tickets=raw.FIFOQueueV2(
+                component_types=[tf.int64, tf.float32],
+                shapes=[[], []],
+                capacity=-1,
+                shared_name=prefix + "tickets",
+            ),
+            applied=raw.FIFOQueueV2(
+                component_types=[tf.int64],
+                shapes=[[len(Applied._fields)]],
+                capacity=-1,
+                shared_name=prefix + "applied",
+            ),
+            wire=wire,
+            task_wire=task_wire,
+            stage=prefix + "stage",
         )
 
 
@@ -262,8 +289,10 @@ def pack_by_dtype(tensors):
     groups: dict = {}
     for i, t in enumerate(tensors):
         groups.setdefault("float32" if t.dtype.name in WORDS else t.dtype.name, []).append(i)
-    return [(idx, [tensors[i].dtype for i in idx], tf.concat([_words(tensors[i]) for i in idx], 0))
-            for idx in groups.values()]
+    return [
+        (idx, [tensors[i].dtype for i in idx], tf.concat([_words(tensors[i]) for i in idx], 0))
+        for idx in groups.values()
+    ]
 
 
 def unpack(packed, shapes):

@@ -9,6 +9,7 @@ with the parameters sharded over several PS tasks (wire.plan), the call reads an
 task's pieces at once. The Python
 loop around it logs each step and simulates stragglers and faults.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,13 +19,22 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from helpers.training import compression
 from helpers.cluster import protocol
+from helpers.cluster import wire as wire_
 from helpers.cluster.events import Kind, StepStamps
 from helpers.cluster.update import apply_update
-from helpers.cluster import wire as wire_
-from helpers.cluster.wire import GRAD, WARMUP, WARMUP_TICKET, Applied, Header, Ticket, Token, pack_by_dtype, unpack
-
+from helpers.cluster.wire import (
+    GRAD,
+    WARMUP,
+    WARMUP_TICKET,
+    Applied,
+    Header,
+    Ticket,
+    Token,
+    pack_by_dtype,
+    unpack,
+)
+from helpers.training import compression
 
 WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
 
@@ -36,19 +46,24 @@ class WorkerLoop:
         self.node, self.cfg, self.log = node, cfg, log
         self.model, self.res, self.x, self.y = model, res, x, y
         self.downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
-        self.acc = [tf.Variable(tf.zeros(v.shape), trainable=False)
-                    for v in model.trainable_variables]
+        self.acc = [
+            tf.Variable(tf.zeros(v.shape), trainable=False) for v in model.trainable_variables
+        ]
         self.version_read = tf.Variable(tf.constant(0, tf.int64), trainable=False)
         self.rng = np.random.default_rng([cfg.seed, node.task])
         shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.comp = compression.from_spec(cfg.compress)
         # what a compressed push did not send, added to the next push (error feedback); one
         # per piece of the parameters (sharded runs compress each PS task's pieces apart)
-        self.residual = ([tf.Variable(tf.zeros(p.shape), trainable=False) for p in res.pieces]
-                         if self.comp.feedback else None)
+        self.residual = (
+            [tf.Variable(tf.zeros(p.shape), trainable=False) for p in res.pieces]
+            if self.comp.feedback
+            else None
+        )
         self.bytes = compression.Float32().bytes_for(shapes)  # one pull: float32 parameters
-        self.bytes_push = sum(self.comp.bytes_for([res.pieces[i].shape for i in idx])
-                              for idx in res.task_pieces()) + 8 * len(Header._fields)  # + header
+        self.bytes_push = sum(
+            self.comp.bytes_for([res.pieces[i].shape for i in idx]) for idx in res.task_pieces()
+        ) + 8 * len(Header._fields)  # + header
         self._build_step()
 
     def _build_step(self):
@@ -65,8 +80,9 @@ class WorkerLoop:
         pieces, tasks = res.pieces, res.task_pieces()
         header = (len(Header._fields),)
         # per PS task: shapes of what a push sends it (task 0: the Header first)
-        push_shapes = [[header] * (t == 0) + [s for _, s in res.task_wire[t]]
-                       for t in range(len(tasks))]
+        push_shapes = [
+            [header] * (t == 0) + [s for _, s in res.task_wire[t]] for t in range(len(tasks))
+        ]
 
         @tf.function
         def step(x, y, local_step, fetch: bool, push: bool, wait: bool):
@@ -78,8 +94,9 @@ class WorkerLoop:
                     reached = tf.timestamp()  # no inputs: runs as the call reaches the PS
                     after, granted = [], reached
                     if wait:
-                        token = raw.QueueDequeueV2(handle=res.tokens[task],
-                                                   component_types=[tf.int64])[0]
+                        token = raw.QueueDequeueV2(
+                            handle=res.tokens[task], component_types=[tf.int64]
+                        )[0]
                         after = [token]
                         with tf.control_dependencies([token, reached]):
                             granted = tf.timestamp()  # on the PS: the token is taken
@@ -90,14 +107,17 @@ class WorkerLoop:
                 packed = []
                 for t, idx in enumerate(tasks):
                     with tf.device(res.devices[t]), tf.control_dependencies([version]):
-                        params = [raw.ReadVariableOp(resource=res.vars[i], dtype=tf.float32)
-                                  for i in idx]
+                        params = [
+                            raw.ReadVariableOp(resource=res.vars[i], dtype=tf.float32) for i in idx
+                        ]
                         packed.append(pack_by_dtype(params + [version, token] * (t == 0)))
                 parts = [None] * len(pieces)
                 with tf.device(here):
                     for t, idx in enumerate(tasks):
-                        got = unpack(packed[t], [pieces[i].shape for i in idx]
-                                     + [(), (len(Token._fields),)] * (t == 0))
+                        got = unpack(
+                            packed[t],
+                            [pieces[i].shape for i in idx] + [(), (len(Token._fields),)] * (t == 0),
+                        )
                         if t == 0:
                             *got, version, token = got
                         for i, value in zip(idx, got):
@@ -120,17 +140,30 @@ class WorkerLoop:
                 computed = tf.timestamp()  # the gradient is computed and added up here
             pushed = computed
             if push:
-                kind = tf.where(local_step < 0, tf.constant(WARMUP, tf.int64),
-                                tf.constant(GRAD, tf.int64))  # step -1: the warm-up's push
-                meta = tf.stack(Header(worker=tf.constant(task, tf.int64), step=local_step,
-                                       version=self.version_read.read_value(), kind=kind))
+                kind = tf.where(
+                    local_step < 0, tf.constant(WARMUP, tf.int64), tf.constant(GRAD, tf.int64)
+                )  # step -1: the warm-up's push
+                meta = tf.stack(
+                    Header(
+                        worker=tf.constant(task, tf.int64),
+                        step=local_step,
+                        version=self.version_read.read_value(),
+                        kind=kind,
+                    )
+                )
                 # compressed on this worker, each PS task's pieces apart: only those go out
                 grad_parts = wire_.split([a / n_push for a in self.acc], pieces)
                 with tf.device(here):
-                    packed = [pack_by_dtype([meta] * (t == 0) + comp.compress(
-                        [grad_parts[i] for i in idx],
-                        [residual[i] for i in idx] if residual else None))
-                        for t, idx in enumerate(tasks)]
+                    packed = [
+                        pack_by_dtype(
+                            [meta] * (t == 0)
+                            + comp.compress(
+                                [grad_parts[i] for i in idx],
+                                [residual[i] for i in idx] if residual else None,
+                            )
+                        )
+                        for t, idx in enumerate(tasks)
+                    ]
                 arrived_at = []  # per PS task: what it received
                 for t, idx in enumerate(tasks):
                     with tf.device(res.devices[t]):
@@ -147,18 +180,24 @@ class WorkerLoop:
                         sent = self._apply_on_ps(meta, grads)
                 elif not res.sharded:
                     with tf.device(ps):
-                        sent = raw.QueueEnqueueV2(handle=res.grads,
-                                                  components=[meta] + arrived_at[0])
+                        sent = raw.QueueEnqueueV2(
+                            handle=res.grads, components=[meta] + arrived_at[0]
+                        )
                 else:  # each task keeps its pieces under the push's key; the header to task 0
                     key = wire_.push_key(tf.constant(task, tf.int64), local_step)
                     staged = []
                     for t, idx in enumerate(tasks):
                         if idx:
                             with tf.device(res.devices[t]):
-                                staged.append(raw.MapStage(
-                                    key=key, indices=list(range(len(arrived_at[t]))),
-                                    values=arrived_at[t], shared_name=res.stage,
-                                    dtypes=res.stage_dtypes(t)))
+                                staged.append(
+                                    raw.MapStage(
+                                        key=key,
+                                        indices=list(range(len(arrived_at[t]))),
+                                        values=arrived_at[t],
+                                        shared_name=res.stage,
+                                        dtypes=res.stage_dtypes(t),
+                                    )
+                                )
                     with tf.device(ps), tf.control_dependencies(staged):
                         sent = raw.QueueEnqueueV2(handle=res.grads, components=[meta])
                 with tf.control_dependencies([sent, computed]):
@@ -176,19 +215,34 @@ class WorkerLoop:
         ticket applies and reports nothing. Returns a tensor that exists once it is done."""
         raw, res, cfg, ps = tf.raw_ops, self.res, self.cfg, self.node.ps
         with tf.control_dependencies(grads):  # hold no ticket while the gradient is in flight
-            t = Ticket(*raw.QueueDequeueV2(handle=res.tickets,
-                                           component_types=[tf.int64, tf.float32]))
+            t = Ticket(
+                *raw.QueueDequeueV2(handle=res.tickets, component_types=[tf.int64, tf.float32])
+            )
 
         def apply():
             with tf.device(ps):  # each piece's sum and write on its own PS task
-                bumped = apply_update(res.vars, res.version, [grads], [1.0], t.lr,
-                                      cfg.momentum, res.velocity,
-                                      [res.devices[p.task] for p in res.pieces])
+                bumped = apply_update(
+                    res.vars,
+                    res.version,
+                    [grads],
+                    [1.0],
+                    t.lr,
+                    cfg.momentum,
+                    res.velocity,
+                    [res.devices[p.task] for p in res.pieces],
+                )
                 h = Header(*tf.unstack(meta))
                 with tf.control_dependencies([bumped]):
-                    reported = raw.QueueEnqueueV2(handle=res.applied, components=[
-                        tf.stack(Applied(ticket=t.ticket, worker=h.worker, step=h.step,
-                                         version=h.version))])
+                    reported = raw.QueueEnqueueV2(
+                        handle=res.applied,
+                        components=[
+                            tf.stack(
+                                Applied(
+                                    ticket=t.ticket, worker=h.worker, step=h.step, version=h.version
+                                )
+                            )
+                        ],
+                    )
                 with tf.control_dependencies([reported]):
                     return tf.identity(t.ticket)
 
@@ -224,8 +278,9 @@ class WorkerLoop:
         """Block until the PS grants this worker its next step."""
         raw = tf.raw_ops
         with tf.device(self.node.ps):
-            tok = raw.QueueDequeueV2(handle=self.res.tokens[self.node.task],
-                                     component_types=[tf.int64])
+            tok = raw.QueueDequeueV2(
+                handle=self.res.tokens[self.node.task], component_types=[tf.int64]
+            )
         return Token(*(int(v) for v in tok[0].numpy()))
 
     def _delay(self, compute_s):
@@ -233,8 +288,11 @@ class WorkerLoop:
         if spec is None:
             return 0.0
         if isinstance(spec, dict):
-            delay = (self.rng.exponential(spec["mean"]) if spec["dist"] == "exponential"
-                     else self.rng.uniform(0, 2 * spec["mean"]))
+            delay = (
+                self.rng.exponential(spec["mean"])
+                if spec["dist"] == "exponential"
+                else self.rng.uniform(0, 2 * spec["mean"])
+            )
         else:
             delay = (spec - 1) * compute_s
         time.sleep(delay)  # the simulated slowdown itself, not a wait for a condition
@@ -251,13 +309,15 @@ class WorkerLoop:
         try:
             self._warm_up()  # after the PS's first token: it has initialised the parameters
             with tf.device(self.node.ps):
-                tf.raw_ops.QueueEnqueueV2(handle=self.res.join,
-                                               components=[tf.constant(self.node.task, tf.int64)])
+                tf.raw_ops.QueueEnqueueV2(
+                    handle=self.res.join, components=[tf.constant(self.node.task, tf.int64)]
+                )
             while True:
                 if fault and step == fault["at"]:
                     self.log.write(Kind.FAULT, what=fault["kind"], step=step)
-                    os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill"
-                            else signal.SIGSTOP)
+                    os.kill(
+                        os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP
+                    )
                 wait_s, waited = 0.0, None
                 if step == 0 and not waits_every_step:  # async: once, then never again
                     waited = time.time()
@@ -265,14 +325,19 @@ class WorkerLoop:
                     wait_s = time.time() - waited
                 if pos + cfg.batch_size > n:
                     order, pos = self.rng.permutation(n), 0
-                idx = order[pos:pos + cfg.batch_size]
+                idx = order[pos : pos + cfg.batch_size]
                 pos += cfg.batch_size
                 fetch = self.downpour.fetch(step)
                 push = self.downpour.accumulate()
                 t = time.time()  # wall clock, as tf.timestamp()
                 loss, version_read, tok, stamps = self.step(
-                    self.x[idx], self.y[idx], tf.constant(step, tf.int64), fetch, push,
-                    waits_every_step)
+                    self.x[idx],
+                    self.y[idx],
+                    tf.constant(step, tf.int64),
+                    fetch,
+                    push,
+                    waits_every_step,
+                )
                 loss, version_read = float(loss), int(version_read)
                 returned = time.time()
                 reached, granted, arrived, computed, pushed = (float(v) for v in stamps.numpy())
@@ -283,25 +348,41 @@ class WorkerLoop:
                     compute_s -= wait_s
                 delay = self._delay(compute_s)
                 # wall-clock stamps of the step's phases (StepStamps): its timeline
-                when = StepStamps(waited if waited is not None else t, t, reached,
-                                  granted, arrived, computed, pushed, returned)
-                self.log.write(Kind.STEP, worker=self.node.task, step=step,
-                               version_read=version_read, fetched=fetch,
-                               pushed=push, loss=loss, compute_s=compute_s, wait_s=wait_s,
-                               delay_s=delay, bytes_pulled=self.bytes if fetch else 0,
-                               bytes_pushed=self.bytes_push if push else 0,
-                               gap=(step - token.slowest) if cfg.mode == "ssp" else None,
-                               stamps=list(when))
+                when = StepStamps(
+                    waited if waited is not None else t,
+                    t,
+                    reached,
+                    granted,
+                    arrived,
+                    computed,
+                    pushed,
+                    returned,
+                )
+                self.log.write(
+                    Kind.STEP,
+                    worker=self.node.task,
+                    step=step,
+                    version_read=version_read,
+                    fetched=fetch,
+                    pushed=push,
+                    loss=loss,
+                    compute_s=compute_s,
+                    wait_s=wait_s,
+                    delay_s=delay,
+                    bytes_pulled=self.bytes if fetch else 0,
+                    bytes_pushed=self.bytes_push if push else 0,
+                    gap=(step - token.slowest) if cfg.mode == "ssp" else None,
+                    stamps=list(when),
+                )
                 step += 1
         except ended:
             with tf.device(self.node.ps):
-                stopped = int(tf.raw_ops.ReadVariableOp(resource=self.res.stopped,
-                                                             dtype=tf.int64))
+                stopped = int(tf.raw_ops.ReadVariableOp(resource=self.res.stopped, dtype=tf.int64))
             if not stopped:
                 raise
         with tf.device(self.node.ps):
-            tf.raw_ops.QueueEnqueueV2(handle=self.res.done,
-                                           components=[tf.constant(self.node.task, tf.int64)])
+            tf.raw_ops.QueueEnqueueV2(
+                handle=self.res.done, components=[tf.constant(self.node.task, tf.int64)]
+            )
         self.log.write(Kind.DONE, worker=self.node.task, steps=step)
         return {"steps": step}
-

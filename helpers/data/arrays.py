@@ -3,6 +3,7 @@
 Used by notebook 03's training loop, notebook 04's MirroredStrategy children, the cluster
 engine's processes and TF's own strategies, so that all of them read the same data.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -23,9 +24,15 @@ class Arrays(NamedTuple):
     classes: int  # counted on all the labels, so every process builds the same model
 
 
-def load_arrays(data: str = "mnist", train_size: int | None = None, test_size: int | None = None,
-                seed: int | None = 0, shard: tuple[int, int] = (0, 1),
-                images: tuple[str, ...] = ("train", "test"), flat: bool = False) -> Arrays:
+def load_arrays(
+    data: str = "mnist",
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int | None = 0,
+    shard: tuple[int, int] = (0, 1),
+    images: tuple[str, ...] = ("train", "test"),
+    flat: bool = False,
+) -> Arrays:
     """The one loader of training data for models: MNIST scaled to [0, 1], or a features file.
 
     Args:
@@ -52,7 +59,9 @@ def load_arrays(data: str = "mnist", train_size: int | None = None, test_size: i
             x_all = {"train": f["x_train"], "test": f["x_test"]}
             y_tr, y_te = f["y_train"], f["y_test"]
         rows, scale = (lambda split, idx: x_all[split][idx]), 1
-    order = np.arange(len(y_tr)) if seed is None else np.random.default_rng(seed).permutation(len(y_tr))
+    order = (
+        np.arange(len(y_tr)) if seed is None else np.random.default_rng(seed).permutation(len(y_tr))
+    )
     order = order[: train_size or len(y_tr)]
     y_te = y_te[: test_size or len(y_te)]
     classes = int(max(y_tr[order].max(), y_te.max())) + 1
@@ -69,5 +78,6 @@ def load_arrays(data: str = "mnist", train_size: int | None = None, test_size: i
         out /= np.float32(scale)  # in place: no second float32 copy; equal to x / 255.0
         return out.reshape(len(out), -1) if flat else out
 
-    return Arrays(as_float(x_tr), y_tr[order].astype(np.int32), as_float(x_te),
-                  y_te.astype(np.int32), classes)
+    return Arrays(
+        as_float(x_tr), y_tr[order].astype(np.int32), as_float(x_te), y_te.astype(np.int32), classes
+    )

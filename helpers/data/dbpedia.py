@@ -1,4 +1,5 @@
 """DBpedia-14 from the verified cache (see downloads.py): rows, samples, and a streaming corpus."""
+
 from __future__ import annotations
 
 import csv
@@ -14,7 +15,6 @@ DBPEDIA_N_CLASSES = 14
 
 
 # --------------------------------------------------------------------------- MNIST
-
 
 
 class DbpediaRow(NamedTuple):
@@ -45,7 +45,9 @@ def dbpedia_classes() -> list[str]:
     path = dbpedia_dir() / "classes.txt"
     names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(names) != DBPEDIA_N_CLASSES:
-        raise DataError(f"{path} must list {DBPEDIA_N_CLASSES} classes, one per line, found {len(names)}")
+        raise DataError(
+            f"{path} must list {DBPEDIA_N_CLASSES} classes, one per line, found {len(names)}"
+        )
     return names
 
 
@@ -122,8 +124,9 @@ def load_dbpedia(split: str, n_per_class: int | None = None, seed: int = 0):
 
 def check_n_per_class(n_per_class) -> None:
     """Raise ValueError unless n_per_class is None or a positive integer."""
-    if n_per_class is not None and (isinstance(n_per_class, bool) or
-                                    not isinstance(n_per_class, int) or n_per_class <= 0):
+    if n_per_class is not None and (
+        isinstance(n_per_class, bool) or not isinstance(n_per_class, int) or n_per_class <= 0
+    ):
         raise ValueError(f"n_per_class must be a positive integer or None, got {n_per_class!r}")
 
 
@@ -199,7 +202,9 @@ class DbpediaCorpus:
         self.split = split
         self.lines = None if lines is None else np.unique(np.asarray(lines, dtype=np.int64))
         if self.lines is not None and len(self.lines) == 0:
-            raise ValueError(f"lines selects no document of {split!r}: pass None or a non-empty list")
+            raise ValueError(
+                f"lines selects no document of {split!r}: pass None or a non-empty list"
+            )
         self._len = None if self.lines is None else len(self.lines)
 
     def rows(self):

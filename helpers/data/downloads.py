@@ -14,6 +14,7 @@ folder). Its Untar extracts in place and trusts any member file that exists, so 
 extraction leaves half a member that is then served as cached. And it keeps the 68 MB archive
 next to its contents. What pooch would replace is the ~40 lines of HTTP streaming and hashing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +42,9 @@ class Dataset:
     sha256: str | None  # None when only the archive's members have published hashes
     size: int | None
     license: str
-    members: dict[str, tuple[str, int]] = field(default_factory=dict)  # archive path -> (sha256, size)
+    members: dict[str, tuple[str, int]] = field(
+        default_factory=dict
+    )  # archive path -> (sha256, size)
     extract_to: str | None = None  # cache folder the members are extracted into
 
 
@@ -80,7 +83,6 @@ DATASETS = {
 }
 
 
-
 class DataError(RuntimeError):
     """A dataset could not be fetched, verified or parsed."""
 
@@ -90,6 +92,7 @@ class ChecksumError(DataError):
 
 
 # --------------------------------------------------------------------------- hashing
+
 
 def sha256_of(path: Path) -> str:
     """Hash a file in chunks."""
@@ -112,6 +115,7 @@ def _check_cached(path: Path, expected: str, what: str) -> None:
 
 
 # --------------------------------------------------------------------------- sources
+
 
 def mirror() -> str | None:
     """LABS_DATA_MIRROR as given: an http(s) base URL or a local folder, or None."""
@@ -167,8 +171,9 @@ def _unavailable(ds: Dataset, src: str, reason: object, dest: Path) -> DataError
     )
 
 
-def download(ds: Dataset, dest: Path, timeout: float | None = None,
-             put_at: Path | None = None) -> Path:
+def download(
+    ds: Dataset, dest: Path, timeout: float | None = None, put_at: Path | None = None
+) -> Path:
     """Stream `ds` into `dest` via a temporary file, renamed only once it verifies.
 
     `put_at`: where the error message tells an offline user to put the file by hand, when
@@ -185,9 +190,13 @@ def download(ds: Dataset, dest: Path, timeout: float | None = None,
     with atomic_path(dest, ".part") as tmp:
         digest, got = hashlib.sha256(), 0
         expected_len = length or ds.size
-        with stream, open(tmp, "wb") as out, tqdm(
-            total=expected_len, unit="B", unit_scale=True, desc=ds.filename, leave=False
-        ) as bar:
+        with (
+            stream,
+            open(tmp, "wb") as out,
+            tqdm(
+                total=expected_len, unit="B", unit_scale=True, desc=ds.filename, leave=False
+            ) as bar,
+        ):
             try:
                 for chunk in iter(lambda: stream.read(CHUNK), b""):
                     digest.update(chunk)
@@ -291,7 +300,9 @@ def _extract_members(ds: Dataset, archive: Path, into: Path) -> None:
                         f"or download {ds.url} by hand"
                     )
     except tarfile.TarError as exc:
-        raise DataError(f"{ds.filename} is not a readable tar archive ({exc}); nothing was cached") from exc
+        raise DataError(
+            f"{ds.filename} is not a readable tar archive ({exc}); nothing was cached"
+        ) from exc
 
 
 def available() -> dict[str, str]:
@@ -299,7 +310,8 @@ def available() -> dict[str, str]:
     out = {}
     cache = config.data_dir()
     out["mnist"] = (
-        f"cached at {cache / 'mnist.npz'}" if (cache / "mnist.npz").exists()
+        f"cached at {cache / 'mnist.npz'}"
+        if (cache / "mnist.npz").exists()
         else f"not cached; will be fetched from {_safe_source(DATASETS['mnist'])}"
     )
     if os.environ.get("LABS_DBPEDIA_DIR", "").strip():

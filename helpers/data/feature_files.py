@@ -1,4 +1,5 @@
 """Feature files: the document vectors notebook 01 saves and notebook 02 loads, all or nothing."""
+
 from __future__ import annotations
 
 import json
@@ -25,14 +26,19 @@ def save_features(features: dict, metadata: dict, directory: Path | None = None)
         raise ValueError(f"features must have exactly the splits {SPLITS}, got {sorted(features)}")
     for split, (x, y) in features.items():
         if np.ndim(x) != 2 or np.ndim(y) != 1 or len(x) != len(y):
-            raise ValueError(f"{split}: X must be 2-D and y 1-D of the same length, "
-                             f"got shapes {np.shape(x)} and {np.shape(y)}")
+            raise ValueError(
+                f"{split}: X must be 2-D and y 1-D of the same length, "
+                f"got shapes {np.shape(x)} and {np.shape(y)}"
+            )
     with files.atomic_path(directory, directory=True) as tmp:
         for split, (x, y) in features.items():
             np.save(tmp / f"{split}_X.npy", np.asarray(x, dtype=np.float32))
             np.save(tmp / f"{split}_y.npy", np.asarray(y, dtype=np.int64))
-        meta = dict(metadata, quick=config.is_quick(),
-                    shapes={s: list(np.shape(x)) for s, (x, _) in features.items()})
+        meta = dict(
+            metadata,
+            quick=config.is_quick(),
+            shapes={s: list(np.shape(x)) for s, (x, _) in features.items()},
+        )
         (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=_jsonable))
     return directory
 
@@ -64,19 +70,22 @@ def load_features(directory: Path | None = None, quick: bool | None = None):
     if not meta_path.is_file():
         raise FileNotFoundError(
             f"no Doc2Vec features in {directory}: run notebooks/01_doc2vec_dbpedia.ipynb "
-            f"first, in {mode} mode, to create them")
+            f"first, in {mode} mode, to create them"
+        )
     meta = json.loads(meta_path.read_text())
     if bool(meta.get("quick")) != quick:
         made = "quick" if meta.get("quick") else "full"
         raise ValueError(
             f"the features in {directory} were made in {made} mode but this run is in {mode} "
-            f"mode: re-run notebooks/01_doc2vec_dbpedia.ipynb in {mode} mode")
+            f"mode: re-run notebooks/01_doc2vec_dbpedia.ipynb in {mode} mode"
+        )
     out = {}
     for split in SPLITS:
         x, y = np.load(directory / f"{split}_X.npy"), np.load(directory / f"{split}_y.npy")
         if list(x.shape) != meta["shapes"][split] or len(y) != len(x):
             raise ValueError(
                 f"{directory}/{split}_X.npy has shape {x.shape}, metadata says "
-                f"{meta['shapes'][split]}: re-run notebooks/01_doc2vec_dbpedia.ipynb")
+                f"{meta['shapes'][split]}: re-run notebooks/01_doc2vec_dbpedia.ipynb"
+            )
         out[split] = (x, y)
     return out, meta

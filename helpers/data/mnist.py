@@ -1,4 +1,5 @@
 """MNIST from the verified cache (see downloads.py): the whole arrays, or only some rows."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,10 @@ def load_mnist_rows(split: str, rows) -> np.ndarray:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     rows = np.asarray(rows, dtype=np.int64)
     with zipfile.ZipFile(fetch("mnist")) as z, z.open(f"x_{split}.npy") as f:
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(f)]
+        read_header = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }[np.lib.format.read_magic(f)]
         shape, fortran, dtype = read_header(f)
         if fortran or dtype != np.uint8 or len(shape) != 3:
             raise DataError(f"unexpected MNIST array x_{split}: {shape} {dtype}; re-download it")

@@ -20,6 +20,7 @@ and, added by the parent's reader (ChildProcess) when the child's stdout closes:
 Who speaks it: helpers.cluster.node and .launcher (all of it), helpers.cluster.strategies
 (ready, training, done), helpers.training.mirrored (done); helpers.system.processes carries it.
 """
+
 from __future__ import annotations
 
 import enum

@@ -14,6 +14,7 @@ Linux only. Where it is not possible (macOS, Windows, distributions that forbid
 unprivileged user namespaces) `isolate="auto"` warns once and runs exposed, `isolate=True`
 raises IsolationError, `isolate=False` never tries.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -46,8 +47,12 @@ def unavailable_reason() -> str | None:
     reason = _tools_missing()
     if reason:
         return reason
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "ip", "link", "set",
-                            "lo", "up"], capture_output=True, text=True, timeout=30)
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--net", "ip", "link", "set", "lo", "up"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if probe.returncode:
         return f"unprivileged user namespaces are not permitted here ({probe.stderr.strip()})"
     return None
@@ -91,8 +96,13 @@ class PrivateNetwork:
         """Command prefix that runs a program inside the namespace ([] when not isolated)."""
         if self.holder is None:
             return []
-        return ["nsenter", f"--target={self.holder.pid}", "--user", "--net",
-                "--preserve-credentials"]
+        return [
+            "nsenter",
+            f"--target={self.holder.pid}",
+            "--user",
+            "--net",
+            "--preserve-credentials",
+        ]
 
     def __enter__(self):
         return self.start()
@@ -109,10 +119,21 @@ class PrivateNetwork:
         reason = _tools_missing()  # the holder itself is the probe: no second namespace
         if reason is None:
             self.holder = subprocess.Popen(
-                ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
-                 "ip link set lo up && echo ready && exec cat"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=child_setup)
+                [
+                    "unshare",
+                    "--user",
+                    "--map-root-user",
+                    "--net",
+                    "sh",
+                    "-c",
+                    "ip link set lo up && echo ready && exec cat",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=child_setup,
+            )
             if self.holder.stdout.readline().strip() != b"ready":
                 err = self.holder.stderr.read().decode(errors="replace").strip()
                 self.stop()
@@ -122,10 +143,13 @@ class PrivateNetwork:
         if self.isolate is True:
             raise IsolationError(f"isolate=True but {reason}")
         if not _WARNED:
-            warnings.warn(f"{self.what} not isolated: {reason}. TensorFlow's gRPC servers "
-                          "listen on ALL network interfaces without authentication, so other "
-                          "machines on your network can reach these ports while it runs.",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{self.what} not isolated: {reason}. TensorFlow's gRPC servers "
+                "listen on ALL network interfaces without authentication, so other "
+                "machines on your network can reach these ports while it runs.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             _WARNED = True
         return self
 

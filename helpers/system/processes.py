@@ -22,6 +22,7 @@ on stdout and be ended by PID. This module is that plumbing, in one place:
 Our own code, not a library's: subprocess and psutil have no parent-death signal (portable
 or not), no process-group kill with SIGCONT for a stopped child, and no JSON message channel.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -89,8 +90,13 @@ def spawn(cmd: list[str], env: dict | None = None, **popen_kwargs) -> subprocess
     env = dict(os.environ if env is None else env)
     env[LIFELINE_ENV] = f"{fd}:{os.getpid()}"
     popen_kwargs.setdefault("start_new_session", True)
-    return subprocess.Popen(cmd, env=env, pass_fds=(fd, *popen_kwargs.pop("pass_fds", ())),
-                            preexec_fn=child_setup, **popen_kwargs)
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        pass_fds=(fd, *popen_kwargs.pop("pass_fds", ())),
+        preexec_fn=child_setup,
+        **popen_kwargs,
+    )
 
 
 def _end_self(sig: int) -> None:
@@ -161,8 +167,10 @@ def unique_name(prefix: str) -> str:
 
 def log_section(log_path: Path, start: int = 0) -> str:
     """A failure's evidence: the last lines of a child's log, from `start` (a byte offset)."""
-    return (f"\n--- last lines of {log_path}{' (this run)' if start else ''} ---\n"
-            f"{log_tail(log_path, start=start)}")
+    return (
+        f"\n--- last lines of {log_path}{' (this run)' if start else ''} ---\n"
+        f"{log_tail(log_path, start=start)}"
+    )
 
 
 def kill_group(pid: int) -> None:
@@ -179,8 +187,11 @@ def exec_as_module(module: str) -> None:
     from helpers.config import REPO_ROOT
 
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]],
-              dict(os.environ, PYTHONPATH=path))
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", module, *sys.argv[1:]],
+        dict(os.environ, PYTHONPATH=path),
+    )
 
 
 def free_ports(n: int) -> list[int]:
@@ -198,7 +209,9 @@ def log_tail(path: Path, lines: int = 15, start: int = 0) -> str:
             text = f.read().decode(errors="replace").strip().splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(text[-lines:]) or ("(nothing logged during this run)" if start else "(empty log)")
+    return "\n".join(text[-lines:]) or (
+        "(nothing logged during this run)" if start else "(empty log)"
+    )
 
 
 class ChildProcess:
@@ -213,8 +226,7 @@ class ChildProcess:
         self.name, self.log_path = name, Path(log_path)
         self.eof_at: float | None = None
         self.log = open(log_path, "wb")
-        self.popen = spawn(cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=self.log)
+        self.popen = spawn(cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
         self.pid = self.popen.pid
         self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
         self.thread.start()
@@ -282,8 +294,11 @@ def end_all(procs, timeout: float = 5.0) -> dict[str, dict]:
     for proc in procs:
         proc.reap(max(0.0, deadline - time.monotonic()))  # one grace period shared by all
         how = before[proc.name]
-        ended[proc.name] = {"how": f"{how} before the teardown" if how else proc.died(),
-                            "eof_at": proc.eof_at, "gone_at": time.time()}
+        ended[proc.name] = {
+            "how": f"{how} before the teardown" if how else proc.died(),
+            "eof_at": proc.eof_at,
+            "gone_at": time.time(),
+        }
     return ended
 
 
@@ -295,8 +310,9 @@ class NoResult(RuntimeError):
         self.name, self.how, self.waiting = name, how, waiting
 
 
-def wait_for_results(procs: dict[str, ChildProcess], inbox: queue.Queue, names,
-                     timeout: float) -> dict:
+def wait_for_results(
+    procs: dict[str, ChildProcess], inbox: queue.Queue, names, timeout: float
+) -> dict:
     """The `result` of each named child's {"event": "done", "result": ...} message, by name.
 
     Raises:

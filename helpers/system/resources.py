@@ -1,6 +1,7 @@
 """Sample CPU% and memory (RSS; optionally PSS and USS) of processes while something runs,
 and the peak Python allocation of one call; how much memory is free here (a container's limit
 included), and whether some TF processes fit in it."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,13 @@ class ResourceMonitor:
     /proc/PID/smaps: ~10 ms per TF process, too slow to sample as often as RSS.
     """
 
-    def __init__(self, pids=None, interval: float = 0.25, children: bool = False,
-                 pss_every: float | None = None):
+    def __init__(
+        self,
+        pids=None,
+        interval: float = 0.25,
+        children: bool = False,
+        pss_every: float | None = None,
+    ):
         self.pids = list(pids) if pids is not None else [os.getpid()]
         self.interval = interval
         self.children = children  # also follow the children of the given PIDs
@@ -72,8 +78,7 @@ class ResourceMonitor:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             self.samples.setdefault(proc.pid, []).append((now, cpu, rss))
-            self.cpu_times.setdefault(proc.pid, []).append((time.time(),
-                                                             times.user + times.system))
+            self.cpu_times.setdefault(proc.pid, []).append((time.time(), times.user + times.system))
 
     def _run(self):
         while not self._stop.wait(self.interval):
@@ -139,8 +144,9 @@ MEMORY_ENV = "LABS_MEMORY_MB"  # the memory the lessons may use, when less than 
 TF_PROCESS_MB = 480
 
 
-def _cgroup_free_mb(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path =
-                    Path("/proc/self/cgroup")) -> int | None:
+def _cgroup_free_mb(
+    root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")
+) -> int | None:
     """MB this process's control group may still allocate (a container's or JupyterHub
     pod's limit less its usage, the tightest over its ancestors); None where there is no limit
     or no cgroup file system (macOS)."""
@@ -186,8 +192,10 @@ def available_memory_mb() -> tuple[int, str]:
     raw = os.environ.get(MEMORY_ENV, "").strip()
     if raw:
         if not raw.isdigit() or int(raw) == 0:
-            raise ValueError(f"{MEMORY_ENV} must be a whole number of MB above 0, got {raw!r}: "
-                             f"fix or unset {MEMORY_ENV}")
+            raise ValueError(
+                f"{MEMORY_ENV} must be a whole number of MB above 0, got {raw!r}: "
+                f"fix or unset {MEMORY_ENV}"
+            )
         found.append((int(raw), MEMORY_ENV))
     return min(found)
 
@@ -210,5 +218,6 @@ def check_memory(processes: int, what: str, lower, per_process_mb: int = TF_PROC
             f"{what} needs about {need:,} MB ({processes} TensorFlow processes of about "
             f"{per_process_mb} MB each), but only {free:,} MB is free here ({source}). "
             f"{lower(free // per_process_mb)}, close other notebooks or programs, or run on a "
-            "machine with more memory.")
+            "machine with more memory."
+        )
     return free

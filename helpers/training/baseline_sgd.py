@@ -1,4 +1,5 @@
 """The no-cluster baseline of notebook 05 and the benchmarks: the same model, data and SGD here."""
+
 from __future__ import annotations
 
 import time
@@ -6,9 +7,17 @@ import time
 import numpy as np
 
 
-def one_process(model: str = "logreg", data: str = "mnist", steps: int = 200,
-                batch_size: int = 64, lr: float = 0.1, train_size: int | None = 6000,
-                test_size: int | None = 2000, seed: int = 0, compress=None) -> dict:
+def one_process(
+    model: str = "logreg",
+    data: str = "mnist",
+    steps: int = 200,
+    batch_size: int = 64,
+    lr: float = 0.1,
+    train_size: int | None = 6000,
+    test_size: int | None = 2000,
+    seed: int = 0,
+    compress=None,
+) -> dict:
     """Train the same model on the same data with plain SGD in this process: the baseline.
 
     Args:
@@ -57,10 +66,14 @@ def one_process(model: str = "logreg", data: str = "mnist", steps: int = 200,
     for _ in range(steps):
         if pos + batch_size > len(x_tr):
             order, pos = rng.permutation(len(x_tr)), 0
-        idx = order[pos:pos + batch_size]
+        idx = order[pos : pos + batch_size]
         pos += batch_size
         losses.append(float(step(x_tr[idx], y_tr[idx])))
         elapsed.append(time.perf_counter() - t0)
-    return {"losses": np.array(losses), "elapsed": np.array(elapsed),
-            "test_accuracy": models.accuracy(net, x_te, y_te),
-            "steps_per_s": steps / elapsed[-1], "bytes_per_push": compress.bytes_for(shapes)}
+    return {
+        "losses": np.array(losses),
+        "elapsed": np.array(elapsed),
+        "test_accuracy": models.accuracy(net, x_te, y_te),
+        "steps_per_s": steps / elapsed[-1],
+        "bytes_per_push": compress.bytes_for(shapes),
+    }

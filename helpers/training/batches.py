@@ -1,4 +1,5 @@
 """Batch-size schedules and minibatch index plans (disjoint or overlapping), in pure NumPy."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,9 @@ def batch_size_at(schedule, epoch: int) -> int:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
     if isinstance(schedule, str):
         if schedule not in GROWING_SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}: use an int or one of "
-                             f"{sorted(GROWING_SCHEDULES)}")
+            raise ValueError(
+                f"unknown schedule {schedule!r}: use an int or one of {sorted(GROWING_SCHEDULES)}"
+            )
         schedule = GROWING_SCHEDULES[schedule]
     if isinstance(schedule, (int, np.integer)):
         size = int(schedule)
@@ -44,7 +46,7 @@ def epoch_batches(n: int, batch_size: int, overlap: float = 0.0, seed: int = 0) 
     stride = max(1, int(round(batch_size * (1.0 - overlap))))
     batches = []
     for start in range(0, n, stride):
-        batches.append(order[start:start + batch_size])
+        batches.append(order[start : start + batch_size])
         if start + batch_size >= n:
             break
     return batches

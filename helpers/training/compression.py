@@ -10,6 +10,7 @@ Calling a compressor on a list of gradients, `comp(grads)`, does encode + decode
 process (with error feedback where the compressor uses it): what the PS would apply.
 All of it is TensorFlow ops, so it runs inside a tf.function.
 """
+
 from __future__ import annotations
 
 import math

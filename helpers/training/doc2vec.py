@@ -1,4 +1,5 @@
 """Train Doc2Vec on a streamed corpus (helpers.data.dbpedia) with a progress bar; infer vectors."""
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,17 @@ class _EpochBar(CallbackAny2Vec):
         self.bar.update(1)
 
 
-def train_doc2vec(corpus, *, dm: int, vector_size: int, epochs: int, seed: int = 0,
-                  workers: int = 2, progress: bool = True, **kwargs) -> Doc2Vec:
+def train_doc2vec(
+    corpus,
+    *,
+    dm: int,
+    vector_size: int,
+    epochs: int,
+    seed: int = 0,
+    workers: int = 2,
+    progress: bool = True,
+    **kwargs,
+) -> Doc2Vec:
     """Build the vocabulary and train a Doc2Vec model with a tqdm bar over epochs.
 
     Args:
@@ -46,28 +56,36 @@ def train_doc2vec(corpus, *, dm: int, vector_size: int, epochs: int, seed: int =
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if dm not in (0, 1):
         raise ValueError(f"dm must be 0 (PV-DBOW) or 1 (PV-DM), got {dm!r}")
-    model = Doc2Vec(dm=dm, vector_size=vector_size, epochs=epochs, seed=seed,
-                    workers=workers, **kwargs)
+    model = Doc2Vec(
+        dm=dm, vector_size=vector_size, epochs=epochs, seed=seed, workers=workers, **kwargs
+    )
     model.build_vocab(corpus)
     name = "PV-DM" if dm else "PV-DBOW"
-    with tqdm(total=epochs, desc=f"{name} {vector_size}d", unit="epoch",
-              disable=not progress) as bar:
-        model.train(corpus, total_examples=model.corpus_count, epochs=epochs,
-                    callbacks=[_EpochBar(bar, model.corpus_total_words)])
+    with tqdm(
+        total=epochs, desc=f"{name} {vector_size}d", unit="epoch", disable=not progress
+    ) as bar:
+        model.train(
+            corpus,
+            total_examples=model.corpus_count,
+            epochs=epochs,
+            callbacks=[_EpochBar(bar, model.corpus_total_words)],
+        )
     return model
 
 
-def infer_vectors(model: Doc2Vec, corpus, epochs: int | None = None,
-                  progress: bool = True) -> np.ndarray:
+def infer_vectors(
+    model: Doc2Vec, corpus, epochs: int | None = None, progress: bool = True
+) -> np.ndarray:
     """Infer one vector per document of `corpus` (streamed), as a float32 array."""
     from tqdm.auto import tqdm
 
-    vectors = [model.infer_vector(doc.words, epochs=epochs)
-               for doc in tqdm(corpus, total=len(corpus), desc="infer", unit="doc",
-                               disable=not progress, leave=False)]
+    vectors = [
+        model.infer_vector(doc.words, epochs=epochs)
+        for doc in tqdm(
+            corpus, total=len(corpus), desc="infer", unit="doc", disable=not progress, leave=False
+        )
+    ]
     return np.asarray(vectors, dtype=np.float32).reshape(len(vectors), model.vector_size)
 
 
 # --------------------------------------------------------------------------- features on disk
-
-

@@ -1,4 +1,5 @@
 """Softmax regression in TensorFlow, one SGD training loop with TensorBoard logs, and metrics."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +12,8 @@ from tensorflow.core.framework import summary_pb2
 # TensorBoard's scalar plugin reads summaries tagged with this metadata. Writing them with
 # TF's own tf.summary.write means logging needs no tensorboard package, only viewing does.
 _SCALAR = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+)
 
 
 def log_scalar(name: str, value: float, step: int) -> None:
@@ -22,12 +24,19 @@ def log_scalar(name: str, value: float, step: int) -> None:
 class SoftmaxRegression(tf.Module):
     """p(y | x) = softmax(x W + b); loss = cross-entropy + l2 * ||W||^2 (bias not penalised)."""
 
-    def __init__(self, n_features: int, n_classes: int, l2: float = 0.0,
-                 device: str = "/CPU:0", name: str | None = None):
+    def __init__(
+        self,
+        n_features: int,
+        n_classes: int,
+        l2: float = 0.0,
+        device: str = "/CPU:0",
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         if n_features < 1 or n_classes < 2:
-            raise ValueError(f"need n_features >= 1 and n_classes >= 2, "
-                             f"got {n_features} and {n_classes}")
+            raise ValueError(
+                f"need n_features >= 1 and n_classes >= 2, got {n_features} and {n_classes}"
+            )
         if not l2 >= 0:
             raise ValueError(f"l2 must be >= 0, got {l2!r}")
         self.l2, self.device = float(l2), device
@@ -41,7 +50,8 @@ class SoftmaxRegression(tf.Module):
     def losses(self, x, y):
         """Return (mean cross-entropy, the same plus the L2 penalty)."""
         ce = tf.reduce_mean(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=self.logits(x)))
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=self.logits(x))
+        )
         return ce, ce + self.l2 * tf.reduce_sum(tf.square(self.w))
 
     def predict(self, x):
@@ -71,8 +81,17 @@ def sgd_update(model: SoftmaxRegression, x, y, lr):
     return loss
 
 
-def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batch_size: int,
-          seed: int = 0, log_dir: Path | str | None = None, progress: bool = True) -> History:
+def train(
+    model: SoftmaxRegression,
+    splits: dict,
+    schedule,
+    *,
+    epochs: int,
+    batch_size: int,
+    seed: int = 0,
+    log_dir: Path | str | None = None,
+    progress: bool = True,
+) -> History:
     """Train `model` with mini-batch SGD, theta <- theta - lr(step) * grad, and record it all.
 
     Args:
@@ -97,8 +116,10 @@ def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batc
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     with tf.device(model.device):
-        tensors = {s: (tf.constant(x, tf.float32), tf.constant(y, tf.int64))
-                   for s, (x, y) in splits.items()}
+        tensors = {
+            s: (tf.constant(x, tf.float32), tf.constant(y, tf.int64))
+            for s, (x, y) in splits.items()
+        }
     x_train, y_train = tensors["train"]
     n = int(x_train.shape[0])
     # Signatures with a free batch dimension: one trace serves every batch and every split
@@ -128,8 +149,12 @@ def train(model: SoftmaxRegression, splits: dict, schedule, *, epochs: int, batc
         for epoch in tqdm(range(epochs), desc="epochs", disable=not progress, leave=False):
             order = rng.permutation(n)
             for start in range(0, n, batch_size):
-                loss, lr = (float(v) for v in sgd_step(
-                    tf.constant(order[start:start + batch_size]), tf.constant(step, tf.int64)))
+                loss, lr = (
+                    float(v)
+                    for v in sgd_step(
+                        tf.constant(order[start : start + batch_size]), tf.constant(step, tf.int64)
+                    )
+                )
                 history.step_lr.append(lr)
                 history.step_loss.append(loss)
                 if writer is not None and step % 10 == 0:
@@ -161,12 +186,17 @@ def metrics_table(y_true, y_pred) -> dict:
 
     y_true, y_pred = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
     if y_true.shape != y_pred.shape or y_true.ndim != 1 or len(y_true) == 0:
-        raise ValueError(f"y_true and y_pred must be non-empty 1-D arrays of one length, "
-                         f"got shapes {y_true.shape} and {y_pred.shape}")
-    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, average="macro",
-                                                 zero_division=0)
-    return {"accuracy": float(accuracy_score(y_true, y_pred)), "macro_precision": float(p),
-            "macro_recall": float(r), "macro_f1": float(f)}
+        raise ValueError(
+            f"y_true and y_pred must be non-empty 1-D arrays of one length, "
+            f"got shapes {y_true.shape} and {y_pred.shape}"
+        )
+    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, average="macro", zero_division=0)
+    return {
+        "accuracy": float(accuracy_score(y_true, y_pred)),
+        "macro_precision": float(p),
+        "macro_recall": float(r),
+        "macro_f1": float(f),
+    }
 
 
 def oscillation(losses) -> float:

@@ -1,4 +1,5 @@
 """A small custom training loop: any index plan per epoch, per-step losses, divergence stop."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,17 @@ from helpers.training.batches import batch_size_at, epoch_batches
 from helpers.training.models import accuracy
 
 
-def train_loop(model, optimizer, loss_fn, train_data, test_data, epochs: int,
-          batch_size=100, overlap: float = 0.0, seed: int = 0) -> dict:
+def train_loop(
+    model,
+    optimizer,
+    loss_fn,
+    train_data,
+    test_data,
+    epochs: int,
+    batch_size=100,
+    overlap: float = 0.0,
+    seed: int = 0,
+) -> dict:
     """Train with minibatches from epoch_batches; stop early if the loss is not finite.
 
     Args:
@@ -32,7 +42,9 @@ def train_loop(model, optimizer, loss_fn, train_data, test_data, epochs: int,
     x, y = (tf.constant(a) for a in train_data)
 
     @tf.function(reduce_retracing=True)
-    def step(x, y, idx):  # data passed in, not captured: a captured tensor lives as long as the graph
+    def step(
+        x, y, idx
+    ):  # data passed in, not captured: a captured tensor lives as long as the graph
         xb, yb = tf.gather(x, idx), tf.gather(y, idx)
         with tf.GradientTape() as tape:
             loss = loss_fn(yb, model(xb, training=True))
@@ -44,8 +56,10 @@ def train_loop(model, optimizer, loss_fn, train_data, test_data, epochs: int,
     diverged, t0 = False, time.perf_counter()
     for epoch in range(epochs):
         size = batch_size_at(batch_size, epoch)
-        losses = [step(x, y, tf.constant(b, tf.int32))
-                  for b in epoch_batches(len(train_data[0]), size, overlap, seed + epoch)]
+        losses = [
+            step(x, y, tf.constant(b, tf.int32))
+            for b in epoch_batches(len(train_data[0]), size, overlap, seed + epoch)
+        ]
         losses = [float(v) for v in losses]
         hist["step_loss"] += losses
         hist["batch_sizes"].append(size)
@@ -55,6 +69,5 @@ def train_loop(model, optimizer, loss_fn, train_data, test_data, epochs: int,
             break
         hist["train_acc"].append(accuracy(model, *train_data, batch=2000))
         hist["test_acc"].append(accuracy(model, *test_data, batch=2000))
-    hist.update(steps=len(hist["step_loss"]), seconds=time.perf_counter() - t0,
-                diverged=diverged)
+    hist.update(steps=len(hist["step_loss"]), seconds=time.perf_counter() - t0, diverged=diverged)
     return hist

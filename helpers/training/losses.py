@@ -1,4 +1,5 @@
 """Losses for the MNIST sweep: a registry over Keras' losses plus our weighted kappa loss."""
+
 from __future__ import annotations
 
 import keras
@@ -16,8 +17,15 @@ class WeightedKappaLoss(keras.losses.Loss):
     The loss is one number for the whole batch (kappa does not decompose per example).
     """
 
-    def __init__(self, num_classes: int, weightage: str = "quadratic", epsilon: float = 1e-6,
-                 from_logits: bool = False, name: str = "weighted_kappa_loss", **kwargs):
+    def __init__(
+        self,
+        num_classes: int,
+        weightage: str = "quadratic",
+        epsilon: float = 1e-6,
+        from_logits: bool = False,
+        name: str = "weighted_kappa_loss",
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
         if weightage not in ("linear", "quadratic"):
             raise ValueError(f"weightage must be 'linear' or 'quadratic', got {weightage!r}")
@@ -47,9 +55,13 @@ class WeightedKappaLoss(keras.losses.Loss):
         return ops.log(ratio + self.epsilon)
 
     def get_config(self):
-        return {**super().get_config(), "num_classes": self.num_classes,
-                "weightage": self.weightage, "epsilon": self.epsilon,
-                "from_logits": self.from_logits}
+        return {
+            **super().get_config(),
+            "num_classes": self.num_classes,
+            "weightage": self.weightage,
+            "epsilon": self.epsilon,
+            "from_logits": self.from_logits,
+        }
 
 
 def weighted_sigmoid_cross_entropy(y_true, logits, pos_weight: float):
@@ -76,23 +88,39 @@ def make_loss(name: str, num_classes: int = 10):
     """
     builders = {
         "softmax_ce": lambda: _onehot(
-            keras.losses.CategoricalCrossentropy(from_logits=True), num_classes),
+            keras.losses.CategoricalCrossentropy(from_logits=True), num_classes
+        ),
         "sparse_softmax_ce": lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         "weighted_ce_pos2": lambda: _onehot(
-            lambda y, z: weighted_sigmoid_cross_entropy(y, z, 2.0), num_classes),
+            lambda y, z: weighted_sigmoid_cross_entropy(y, z, 2.0), num_classes
+        ),
         "weighted_ce_pos0.5": lambda: _onehot(
-            lambda y, z: weighted_sigmoid_cross_entropy(y, z, 0.5), num_classes),
-        "sigmoid_focal_ce": lambda: _onehot(keras.losses.BinaryFocalCrossentropy(
-            apply_class_balancing=True, alpha=0.25, gamma=2.0, from_logits=True), num_classes),
+            lambda y, z: weighted_sigmoid_cross_entropy(y, z, 0.5), num_classes
+        ),
+        "sigmoid_focal_ce": lambda: _onehot(
+            keras.losses.BinaryFocalCrossentropy(
+                apply_class_balancing=True, alpha=0.25, gamma=2.0, from_logits=True
+            ),
+            num_classes,
+        ),
         "sigmoid_ce": lambda: _onehot(
-            keras.losses.BinaryCrossentropy(from_logits=True), num_classes),
+            keras.losses.BinaryCrossentropy(from_logits=True), num_classes
+        ),
         "weighted_kappa": lambda: _onehot(
-            WeightedKappaLoss(num_classes, from_logits=True), num_classes),
+            WeightedKappaLoss(num_classes, from_logits=True), num_classes
+        ),
     }
     if name not in builders:
         raise ValueError(f"unknown loss {name!r}: choose one of {sorted(builders)}")
     return builders[name]()
 
 
-LOSSES = ("softmax_ce", "sparse_softmax_ce", "weighted_ce_pos2", "weighted_ce_pos0.5",
-          "sigmoid_focal_ce", "sigmoid_ce", "weighted_kappa")
+LOSSES = (
+    "softmax_ce",
+    "sparse_softmax_ce",
+    "weighted_ce_pos2",
+    "weighted_ce_pos0.5",
+    "sigmoid_focal_ce",
+    "sigmoid_ce",
+    "weighted_kappa",
+)

@@ -16,6 +16,7 @@ one process group, log tails) is helpers/system/processes.py.
 What the lesson is about, the strategy and its scope, is `train_one_config` below: short
 enough to read with `mirrored.train_one_config??`.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -39,7 +40,7 @@ class MirroredRunError(RuntimeError):
 
 
 def device_kind() -> str:
-    """"GPU" when TF sees two or more GPUs (one replica each), else "CPU" (logical devices)."""
+    """ "GPU" when TF sees two or more GPUs (one replica each), else "CPU" (logical devices)."""
     import tensorflow as tf
 
     return "GPU" if len(tf.config.list_physical_devices("GPU")) >= 2 else "CPU"
@@ -49,7 +50,11 @@ def max_replicas(wanted: int) -> int:
     """How many of `wanted` replicas this machine gives: one per GPU, or any number of CPUs."""
     import tensorflow as tf
 
-    return min(wanted, len(tf.config.list_physical_devices("GPU"))) if device_kind() == "GPU" else wanted
+    return (
+        min(wanted, len(tf.config.list_physical_devices("GPU")))
+        if device_kind() == "GPU"
+        else wanted
+    )
 
 
 def configure_devices(count: int) -> list[str]:
@@ -63,13 +68,16 @@ def configure_devices(count: int) -> list[str]:
     if device_kind() == "GPU":
         available = max_replicas(count)
         if count > available:
-            raise ValueError(f"{count} replicas asked for, but only {available} GPUs are visible: "
-                             f"use at most {available}")
+            raise ValueError(
+                f"{count} replicas asked for, but only {available} GPUs are visible: "
+                f"use at most {available}"
+            )
         tf.config.set_visible_devices(tf.config.list_physical_devices("GPU")[:count], "GPU")
         return [d.name for d in tf.config.list_logical_devices("GPU")]
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0],
-        [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+        [tf.config.LogicalDeviceConfiguration() for _ in range(count)],
+    )
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
@@ -85,7 +93,8 @@ def strategy_over(devices: list[str]):
     if "GPU" in devices[0].upper():
         return tf.distribute.MirroredStrategy(devices)
     return tf.distribute.MirroredStrategy(
-        devices, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0]))
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0])
+    )
 
 
 def round_batch(batch: int, replicas: int) -> int:
@@ -93,8 +102,16 @@ def round_batch(batch: int, replicas: int) -> int:
     return math.ceil(batch / replicas) * replicas
 
 
-def job(replicas: int, optimizer, batches, n: int, evaluate: str = "end", test_size: int = 10_000,
-        seed: int = 42, warmup: bool = True) -> dict:
+def job(
+    replicas: int,
+    optimizer,
+    batches,
+    n: int,
+    evaluate: str = "end",
+    test_size: int = 10_000,
+    seed: int = 42,
+    warmup: bool = True,
+) -> dict:
     """Describe one configuration as a JSON-able dict, checking every value first.
 
     Args:
@@ -116,17 +133,26 @@ def job(replicas: int, optimizer, batches, n: int, evaluate: str = "end", test_s
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     batches = list(batches)
-    if not batches or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= n
-                          for b in batches):
-        raise ValueError(f"batches must list one batch size per epoch, each from 1 to n={n}, "
-                         f"got {batches!r}")
+    if not batches or any(
+        isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= n for b in batches
+    ):
+        raise ValueError(
+            f"batches must list one batch size per epoch, each from 1 to n={n}, got {batches!r}"
+        )
     if evaluate not in EVALUATE:
         raise ValueError(f"evaluate must be one of {EVALUATE}, got {evaluate!r}")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"optimizer must be a Keras optimizer, got {optimizer!r}")
-    return {"replicas": replicas, "optimizer": keras.optimizers.serialize(optimizer),
-            "batches": [round_batch(b, replicas) for b in batches], "n": n,
-            "evaluate": evaluate, "test_size": test_size, "seed": seed, "warmup": warmup}
+    return {
+        "replicas": replicas,
+        "optimizer": keras.optimizers.serialize(optimizer),
+        "batches": [round_batch(b, replicas) for b in batches],
+        "n": n,
+        "evaluate": evaluate,
+        "test_size": test_size,
+        "seed": seed,
+        "warmup": warmup,
+    }
 
 
 def epoch_timer():
@@ -149,26 +175,35 @@ def train_one_config(spec: dict) -> dict:
     strategy = strategy_over(configure_devices(spec["replicas"]))  # before any other TF op
     import keras
 
-    from helpers.training.models import accuracy, build
     from helpers.data.arrays import load_arrays
     from helpers.system.resources import ResourceMonitor
+    from helpers.training.models import accuracy, build
 
     config.set_seed(spec["seed"])
     x, y, xt, yt, _ = load_arrays("mnist", spec["n"], spec["test_size"], spec["seed"])  # these rows
     x, xt = x[..., None], xt[..., None]
     with strategy.scope():  # variables and optimizer slots: one copy per replica
         model = build("lenet", (28, 28, 1), 10, spec["seed"])
-        model.compile(optimizer=keras.optimizers.deserialize(spec["optimizer"]),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer=keras.optimizers.deserialize(spec["optimizer"]),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
     batches = spec["batches"]
     if spec["warmup"]:  # trace the step for every batch size, so no timed epoch traces it
         start = model.get_weights()
         for size in dict.fromkeys(batches):
-            model.fit(x[:2 * size], y[:2 * size], batch_size=size, verbose=0)
+            model.fit(x[: 2 * size], y[: 2 * size], batch_size=size, verbose=0)
         model.set_weights(start)
-    out = {"replicas": strategy.num_replicas_in_sync,
-           "devices": list(strategy.extended.worker_devices), "pid": os.getpid(),
-           "batch": batches, "examples": [], "epoch_s": [], "fit_s": [], "test_acc": []}
+    out = {
+        "replicas": strategy.num_replicas_in_sync,
+        "devices": list(strategy.extended.worker_devices),
+        "pid": os.getpid(),
+        "batch": batches,
+        "examples": [],
+        "epoch_s": [],
+        "fit_s": [],
+        "test_acc": [],
+    }
     # The epoch is timed by Keras' own epoch callbacks. The `fit` call around it also builds
     # and tears down the distributed input pipeline; tearing it down (TF's MultiDeviceIterator)
     # waits for each device's prefetch thread, which on logical CPUs can take seconds with the
@@ -178,8 +213,16 @@ def train_one_config(spec: dict) -> dict:
         for epoch, batch in enumerate(batches):
             m = (spec["n"] // batch) * batch
             t0 = time.perf_counter()
-            model.fit(x[:m], y[:m], batch_size=batch, epochs=epoch + 1, initial_epoch=epoch,
-                      shuffle=True, verbose=0, callbacks=[timer])
+            model.fit(
+                x[:m],
+                y[:m],
+                batch_size=batch,
+                epochs=epoch + 1,
+                initial_epoch=epoch,
+                shuffle=True,
+                verbose=0,
+                callbacks=[timer],
+            )
             out["fit_s"].append(time.perf_counter() - t0)
             out["epoch_s"].append(timer.seconds)
             out["examples"].append(m)
@@ -212,8 +255,7 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
         inbox: queue.Queue = queue.Queue()
         log = folder / f"{name}-{os.getpid()}-{attempt}.log"
         cmd = [sys.executable, "-m", "helpers.training.mirrored", str(job_file)]
-        child = ChildProcess(name, cmd,
-                             dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox)
+        child = ChildProcess(name, cmd, dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox)
         try:
             result = wait_for_results({name: child}, inbox, [name], timeout)[name]
             return {**result, "attempts": attempt}
@@ -222,8 +264,10 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
         finally:
             child.kill()  # by PID, also on Ctrl-C
         if how.startswith("timed out") or attempt > retries:
-            raise MirroredRunError(f"{name}: the child process {how} (attempt {attempt} of "
-                                   f"{retries + 1})\n--- last lines of {log} ---\n{log_tail(log)}")
+            raise MirroredRunError(
+                f"{name}: the child process {how} (attempt {attempt} of "
+                f"{retries + 1})\n--- last lines of {log} ---\n{log_tail(log)}"
+            )
         print(f"{name}: the child process {how}; running it once more", flush=True)
 
 

@@ -4,6 +4,7 @@ Used by notebook 03's training loop (loop.py), notebook 04's MirroredStrategy ch
 (mirrored.py), the cluster engine's processes (cluster/node.py) and TF's own strategies
 (cluster/strategies.py), so that all of them build the same LeNet (data: helpers.data.arrays).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,27 +19,34 @@ def build(name: str, input_shape: tuple, classes: int, seed: int):
 
     keras.utils.set_random_seed(seed)
     if name == "logreg":
-        model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
-                                  keras.layers.Dense(classes)])
+        model = keras.Sequential(
+            [keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(classes)]
+        )
     elif name == "lenet":
-        model = keras.Sequential([
-            keras.Input(input_shape), keras.layers.Reshape((28, 28, 1)),
-            keras.layers.Conv2D(6, 5, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(16, 5, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(120, activation="relu"),
-            keras.layers.Dense(84, activation="relu"),
-            keras.layers.Dense(classes),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input(input_shape),
+                keras.layers.Reshape((28, 28, 1)),
+                keras.layers.Conv2D(6, 5, padding="same", activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(16, 5, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(),
+                keras.layers.Dense(120, activation="relu"),
+                keras.layers.Dense(84, activation="relu"),
+                keras.layers.Dense(classes),
+            ]
+        )
     elif name == "mlp":  # wide and shallow: many bytes to move for little compute per byte
-        model = keras.Sequential([
-            keras.Input(input_shape), keras.layers.Flatten(),
-            keras.layers.Dense(MLP_WIDTH, activation="relu"),
-            keras.layers.Dense(MLP_WIDTH, activation="relu"),
-            keras.layers.Dense(classes),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input(input_shape),
+                keras.layers.Flatten(),
+                keras.layers.Dense(MLP_WIDTH, activation="relu"),
+                keras.layers.Dense(MLP_WIDTH, activation="relu"),
+                keras.layers.Dense(classes),
+            ]
+        )
     else:
         raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
     return model
@@ -49,8 +57,8 @@ def accuracy(model, x, y, batch: int = 250) -> float:
     activations of a LeNet forward pass ~5 MB, so evaluating does not raise peak memory)."""
     hits = 0
     for i in range(0, len(x), batch):
-        logits = np.asarray(model(x[i:i + batch], training=False))
-        hits += int((logits.argmax(axis=1) == y[i:i + batch]).sum())
+        logits = np.asarray(model(x[i : i + batch], training=False))
+        hits += int((logits.argmax(axis=1) == y[i : i + batch]).sum())
     return hits / len(x)
 
 
@@ -70,8 +78,8 @@ def accuracy_fn(model, x, y, batch: int = 250):
     def hits(xs, ys):
         total = tf.constant(0, tf.int64)
         for i in tf.range(0, n, batch):
-            guess = tf.argmax(model(xs[i:i + batch], training=False), axis=1)
-            total += tf.reduce_sum(tf.cast(guess == ys[i:i + batch], tf.int64))
+            guess = tf.argmax(model(xs[i : i + batch], training=False), axis=1)
+            total += tf.reduce_sum(tf.cast(guess == ys[i : i + batch], tf.int64))
         return total
 
     hits.get_concrete_function(xs, ys)

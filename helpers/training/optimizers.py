@@ -1,4 +1,5 @@
 """Named optimizer factories, including proximal GD and proximal Adagrad for Keras 3."""
+
 from __future__ import annotations
 
 import keras
@@ -32,8 +33,9 @@ class _Proximal(keras.optimizers.Optimizer):
 class ProximalGradientDescent(_Proximal):
     """Gradient step, then the proximal step of l1*|w| + l2/2*w^2 (as TF1's optimizer)."""
 
-    def __init__(self, learning_rate=0.01, l1=0.0, l2=0.0,
-                 name="proximal_gradient_descent", **kwargs):
+    def __init__(
+        self, learning_rate=0.01, l1=0.0, l2=0.0, name="proximal_gradient_descent", **kwargs
+    ):
         super().__init__(learning_rate, l1, l2, name=name, **kwargs)
 
     def update_step(self, gradient, variable, learning_rate):
@@ -46,11 +48,20 @@ class ProximalGradientDescent(_Proximal):
 class ProximalAdagrad(_Proximal):
     """Adagrad step (lr / sqrt(sum of g^2)), then the same proximal step per coordinate."""
 
-    def __init__(self, learning_rate=0.01, initial_accumulator_value=0.1, l1=0.0, l2=0.0,
-                 name="proximal_adagrad", **kwargs):
+    def __init__(
+        self,
+        learning_rate=0.01,
+        initial_accumulator_value=0.1,
+        l1=0.0,
+        l2=0.0,
+        name="proximal_adagrad",
+        **kwargs,
+    ):
         if initial_accumulator_value <= 0:
-            raise ValueError("initial_accumulator_value must be > 0 (it is divided by), "
-                             f"got {initial_accumulator_value}")
+            raise ValueError(
+                "initial_accumulator_value must be > 0 (it is divided by), "
+                f"got {initial_accumulator_value}"
+            )
         super().__init__(learning_rate, l1, l2, name=name, **kwargs)
         self.initial_accumulator_value = float(initial_accumulator_value)
 
@@ -59,8 +70,7 @@ class ProximalAdagrad(_Proximal):
             return
         super().build(var_list)
         init = initializers.Constant(self.initial_accumulator_value)
-        self._accumulators = self.add_optimizer_variables(var_list, "accumulator",
-                                                          initializer=init)
+        self._accumulators = self.add_optimizer_variables(var_list, "accumulator", initializer=init)
 
     def update_step(self, gradient, variable, learning_rate):
         lr = ops.cast(learning_rate, variable.dtype)
@@ -85,13 +95,17 @@ OPTIMIZERS = {
     "rmsprop": (keras.optimizers.RMSprop, {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7}),
     "adagrad": (keras.optimizers.Adagrad, {"initial_accumulator_value": 0.1, "epsilon": 1e-7}),
     "adadelta": (keras.optimizers.Adadelta, {"rho": 0.95, "epsilon": 1e-7}),
-    "ftrl": (keras.optimizers.Ftrl, {"learning_rate_power": -0.5,
-                                     "initial_accumulator_value": 0.1,
-                                     "l1_regularization_strength": 0.0,
-                                     "l2_regularization_strength": 0.0}),
+    "ftrl": (
+        keras.optimizers.Ftrl,
+        {
+            "learning_rate_power": -0.5,
+            "initial_accumulator_value": 0.1,
+            "l1_regularization_strength": 0.0,
+            "l2_regularization_strength": 0.0,
+        },
+    ),
     "proximal_gd": (ProximalGradientDescent, {"l1": 0.0, "l2": 0.0}),
-    "proximal_adagrad": (ProximalAdagrad, {"initial_accumulator_value": 0.1,
-                                           "l1": 0.0, "l2": 0.0}),
+    "proximal_adagrad": (ProximalAdagrad, {"initial_accumulator_value": 0.1, "l1": 0.0, "l2": 0.0}),
 }
 
 
@@ -113,6 +127,8 @@ def make_optimizer(name: str, learning_rate: float, **hparams) -> keras.optimize
     factory, defaults = OPTIMIZERS[name]
     unknown = set(hparams) - set(defaults)
     if unknown:
-        raise ValueError(f"{name} has no hyperparameter(s) {sorted(unknown)}: "
-                         f"tunable ones are {sorted(defaults)}")
+        raise ValueError(
+            f"{name} has no hyperparameter(s) {sorted(unknown)}: "
+            f"tunable ones are {sorted(defaults)}"
+        )
     return factory(learning_rate=learning_rate, **{**defaults, **hparams})

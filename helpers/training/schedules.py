@@ -4,6 +4,7 @@ The schedules themselves are Keras' (`keras.optimizers.schedules.ExponentialDeca
 `CosineDecay(warmup_target=..., warmup_steps=...)`, ...). Notebook 02 writes the exponential
 family once by hand, checks it against `ExponentialDecay`, then uses Keras' classes.
 """
+
 from __future__ import annotations
 
 import keras
@@ -47,7 +48,10 @@ def rates(schedule, steps: int) -> np.ndarray:
     _check_positive("steps", steps, integer=True)
     graph = tf.Graph()
     with graph.as_default():
-        values = tf.map_fn(lambda t: tf.cast(schedule(t), tf.float32),
-                           tf.range(steps, dtype=tf.int64), fn_output_signature=tf.float32)
+        values = tf.map_fn(
+            lambda t: tf.cast(schedule(t), tf.float32),
+            tf.range(steps, dtype=tf.int64),
+            fn_output_signature=tf.float32,
+        )
     with tf.compat.v1.Session(graph=graph) as session:
         return session.run(values).astype(np.float64)

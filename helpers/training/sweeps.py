@@ -1,4 +1,5 @@
 """Run a grid of configurations, caching each finished run as JSON under runs/."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,13 +17,15 @@ def config_key(cfg: dict) -> str:
     try:
         text = json.dumps(cfg, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"sweep config must be plain JSON (str, numbers, lists, dicts), "
-                         f"got {cfg!r}: {err}") from None
+        raise ValueError(
+            f"sweep config must be plain JSON (str, numbers, lists, dicts), got {cfg!r}: {err}"
+        ) from None
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def run_sweep(name: str, configs: Iterable[dict], run: Callable[[dict], dict],
-              desc: str | None = None) -> list[dict]:
+def run_sweep(
+    name: str, configs: Iterable[dict], run: Callable[[dict], dict], desc: str | None = None
+) -> list[dict]:
     """Run `run(cfg)` for each config not already cached; return every record.
 
     Args:
@@ -44,8 +47,9 @@ def run_sweep(name: str, configs: Iterable[dict], run: Callable[[dict], dict],
     for cfg, key in bar:
         path = folder / f"{key}.json"
         if path.exists():
-            records.append({"config": cfg, "result": json.loads(path.read_text())["result"],
-                            "cached": True})
+            records.append(
+                {"config": cfg, "result": json.loads(path.read_text())["result"], "cached": True}
+            )
             continue
         result = run(cfg)
         files.write_json(path, {"config": cfg, "result": result})  # never half a record

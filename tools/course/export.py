@@ -5,6 +5,7 @@ nbgrader's own CsvExportPlugin writes one row per student and notebook, with no 
 plugin keeps nbgrader's command, options (--to, --student, --assignment) and gradebook, and
 changes only the rows.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,7 +21,8 @@ class ExerciseCsvExport(ExportPlugin):
     def export(self, gradebook) -> None:
         students = [str(s) for s in self.student] or sorted(s.id for s in gradebook.students)
         assignments = [str(a) for a in self.assignment] or sorted(
-            a.name for a in gradebook.assignments)
+            a.name for a in gradebook.assignments
+        )
         dest = Path(self.to or "grades.csv")
         self.log.info("Exporting points per exercise to %s", dest)
         write_grades_csv(dest, exercise_rows(gradebook, students, assignments))

@@ -4,6 +4,7 @@
 nbgrader does the grading and keeps the gradebook; this module is what it lacks for a class
 handing in files (see tools/course/__init__.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,15 +18,19 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-
 from helpers.data.downloads import sha256_of
 from helpers.files import atomic_path, write_json
 from tools.course import sandbox
 from tools.course.merge import forget_submission, has_submission, replace_files
-from tools.course.nbgrader_course import (DEFAULT_COURSE, ROOT, STOPPING,
-                                          end_processes, nbgrader_cells,
-                                          stop_all)
-from tools.course.pair import NEEDS, Settings, timed_pair, assignments_db, feedback, merge_pair
+from tools.course.nbgrader_course import (
+    DEFAULT_COURSE,
+    ROOT,
+    STOPPING,
+    end_processes,
+    nbgrader_cells,
+    stop_all,
+)
+from tools.course.pair import NEEDS, Settings, assignments_db, feedback, merge_pair, timed_pair
 from tools.course.progress import GradingProgress
 from tools.course.release import release
 from tools.course.report import gradebook_rows, write_report
@@ -37,8 +42,9 @@ NOT_HANDED_IN = "not handed in: 0 points"
 UNSANDBOXED = "graded without the sandbox (SANDBOX=0): its code ran with the grader's rights"
 
 
-def reference_runs(course: Path, lesson: str, quick: bool, timeout: int,
-                   src: Path | None = None, say=print) -> Path:
+def reference_runs(
+    course: Path, lesson: str, quick: bool, timeout: int, src: Path | None = None, say=print
+) -> Path:
     """The runs/ folder of the course's own run of `lesson` (its reference solutions).
 
     Made once per mode (quick or full) and reused while the lesson's source is unchanged
@@ -46,30 +52,53 @@ def reference_runs(course: Path, lesson: str, quick: bool, timeout: int,
     """
     path = Path(src or NOTEBOOK_DIR) / f"{lesson}.ipynb"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the course's reference run of {lesson} "
-                                f"provides what later notebooks read")
+        raise FileNotFoundError(
+            f"{path} is missing: the course's reference run of {lesson} "
+            f"provides what later notebooks read"
+        )
     digest = sha256_of(path)
     home = course / "reference" / ("quick" if quick else "full") / lesson
     stamp = home / "source.sha256"
     if stamp.is_file() and stamp.read_text() == digest:
         return home / "runs"
-    say(f"reference run of {lesson} ({'quick' if quick else 'full'} mode), made once for the "
-        f"notebooks that read its outputs ...")
+    say(
+        f"reference run of {lesson} ({'quick' if quick else 'full'} mode), made once for the "
+        f"notebooks that read its outputs ..."
+    )
     token = uuid.uuid4().hex
     with atomic_path(home, directory=True) as tmp:  # all or nothing: a failed run leaves none
-        env = dict(os.environ, LABS_RUNS_DIR=str(tmp / "runs"), LABS_GRADING_TOKEN=token,
-                   LABS_QUICK="1" if quick else "0", MPLBACKEND="Agg")
-        cmd = [sys.executable, "-m", "tools.run_notebooks", "--only", lesson, "--dir",
-               str(path.parent), "--out", str(tmp / "build"), "--timeout", str(timeout)]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        env = dict(
+            os.environ,
+            LABS_RUNS_DIR=str(tmp / "runs"),
+            LABS_GRADING_TOKEN=token,
+            LABS_QUICK="1" if quick else "0",
+            MPLBACKEND="Agg",
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "tools.run_notebooks",
+            "--only",
+            lesson,
+            "--dir",
+            str(path.parent),
+            "--out",
+            str(tmp / "build"),
+            "--timeout",
+            str(timeout),
+        ]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         try:
             out, _ = proc.communicate()
         finally:
             end_processes(token, proc)
         if proc.returncode != 0:
-            raise RuntimeError(f"the course's reference run of {lesson} failed (exit "
-                               f"{proc.returncode}):\n" + "\n".join(out.splitlines()[-10:]))
+            raise RuntimeError(
+                f"the course's reference run of {lesson} failed (exit "
+                f"{proc.returncode}):\n" + "\n".join(out.splitlines()[-10:])
+            )
         (tmp / "source.sha256").write_text(digest)
     return home / "runs"
 
@@ -84,13 +113,21 @@ def submission_stamp(f: Found, source_sha256: str, quick: bool) -> str | None:
     return hashlib.sha256(parts.encode()).hexdigest()
 
 
-
-
-def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
-          timeout: int = 600, src: Path | None = None, say=print,
-          students: list[str] | None = None, regrade: bool = False,
-          progress: bool = False, jobs: int = 1, sandboxed: bool = True,
-          memory_mb: int | None = None, shard: tuple[int, int] | None = None) -> list[dict]:
+def grade(
+    submissions: Path,
+    course: Path = DEFAULT_COURSE,
+    quick: bool = True,
+    timeout: int = 600,
+    src: Path | None = None,
+    say=print,
+    students: list[str] | None = None,
+    regrade: bool = False,
+    progress: bool = False,
+    jobs: int = 1,
+    sandboxed: bool = True,
+    memory_mb: int | None = None,
+    shard: tuple[int, int] | None = None,
+) -> list[dict]:
     """Autograde every student's folder in `submissions`; write grades.csv and feedback.
 
     Returns the rows of grades.csv, for the students graded. Other students' grades in the
@@ -111,25 +148,34 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
     """
     submissions = Path(submissions).resolve()
     if not submissions.is_dir():
-        raise FileNotFoundError(f"SUBMISSIONS={submissions} is not a folder: give the folder "
-                                f"that holds one sub-folder per student")
-    folders = sorted(p.name for p in submissions.iterdir()
-                     if p.is_dir() and not p.name.startswith("."))
+        raise FileNotFoundError(
+            f"SUBMISSIONS={submissions} is not a folder: give the folder "
+            f"that holds one sub-folder per student"
+        )
+    folders = sorted(
+        p.name for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")
+    )
     if not folders:
-        raise ValueError(f"{submissions} holds no student folder: lay it out as "
-                         f"<SUBMISSIONS>/<student>/<notebook>.ipynb")
+        raise ValueError(
+            f"{submissions} holds no student folder: lay it out as "
+            f"<SUBMISSIONS>/<student>/<notebook>.ipynb"
+        )
     unknown = sorted(set(students or ()) - set(folders))
     if unknown:
-        raise ValueError(f"STUDENTS names {', '.join(unknown)}, with no folder in {submissions}; "
-                         f"its student folders: {', '.join(folders)}")
+        raise ValueError(
+            f"STUDENTS names {', '.join(unknown)}, with no folder in {submissions}; "
+            f"its student folders: {', '.join(folders)}"
+        )
     if jobs < 1:
         raise ValueError(f"JOBS={jobs}: give how many notebooks to grade at once, 1 or more")
     if sandboxed:
         reason = sandbox.unavailable_reason()
         if reason:
-            raise RuntimeError(f"cannot sandbox students' code here: {reason}. Grade on a Linux "
-                               f"machine that has bubblewrap, or run it unsandboxed, with your "
-                               f"own rights, with SANDBOX=0")
+            raise RuntimeError(
+                f"cannot sandbox students' code here: {reason}. Grade on a Linux "
+                f"machine that has bubblewrap, or run it unsandboxed, with your "
+                f"own rights, with SANDBOX=0"
+            )
     students = sorted(set(students)) if students else folders
     course = Path(course).resolve()
     hidden = [course, submissions] + ([Path(src).resolve()] if src else [])
@@ -153,10 +199,15 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
             stamp = submission_stamp(f, source_sha256[a], quick)
             kept = course / "graded" / student / f"{a}.json"
             earlier = json.loads(kept.read_text()) if kept.is_file() else {}
-            if (stamp and not regrade and earlier.get("stamp") == stamp
-                    and has_submission(course, a, student)):
-                notes = earlier["notes"] + ["unchanged since it was graded: kept its grade "
-                                            "(REGRADE=1 grades it again)"]
+            if (
+                stamp
+                and not regrade
+                and earlier.get("stamp") == stamp
+                and has_submission(course, a, student)
+            ):
+                notes = earlier["notes"] + [
+                    "unchanged since it was graded: kept its grade (REGRADE=1 grades it again)"
+                ]
                 outcome = "kept"
             elif f.path is not None:
                 todo.append((student, a, f, stamp))
@@ -169,16 +220,24 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
                 replace_files(course / "work" / "none", course, a, student)
                 notes, outcome = f.notes, "broken"
             report[student, a] = (0.0, notes, outcome)
-            bar.done(student, a, graded=False, failed=any("not a valid notebook" in n
-                                                          for n in notes))
+            bar.done(
+                student, a, graded=False, failed=any("not a valid notebook" in n for n in notes)
+            )
     if todo:
         assignments_db(course)
         needed = {lesson for _, a, _, _ in todo for lesson, _ in NEEDS.get(a, [])}
-        st = Settings(course, quick, timeout, sandboxed,
-                      memory_mb or sandbox.default_memory_mb(jobs),
-                      hidden=hidden,
-                      references={lesson: reference_runs(course, lesson, quick, timeout, src, say)
-                                  for lesson in sorted(needed)})
+        st = Settings(
+            course,
+            quick,
+            timeout,
+            sandboxed,
+            memory_mb or sandbox.default_memory_mb(jobs),
+            hidden=hidden,
+            references={
+                lesson: reference_runs(course, lesson, quick, timeout, src, say)
+                for lesson in sorted(needed)
+            },
+        )
         STOPPING.clear()
         graded_ok: dict[str, list[str]] = {}  # notebook -> students graded now, to give feedback
         pool = ThreadPoolExecutor(max_workers=jobs)
@@ -190,8 +249,11 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
         # of concurrent.futures' own locking could leave a future's lock held, and the pool
         # would then never shut down
         interrupted = threading.Event()
-        previous = (signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-                    if threading.current_thread() is threading.main_thread() else None)
+        previous = (
+            signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+            if threading.current_thread() is threading.main_thread()
+            else None
+        )
         try:
             pending = set(running)
             finished = []
@@ -209,13 +271,15 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
                 merge_pair(course, work, student, a, ok)
                 notes = f.notes + notes + ([] if sandboxed else [UNSANDBOXED])
                 if stamp:
-                    write_json(course / "graded" / student / f"{a}.json",
-                               {"stamp": stamp, "notes": notes})
+                    write_json(
+                        course / "graded" / student / f"{a}.json", {"stamp": stamp, "notes": notes}
+                    )
                 report[student, a] = (seconds, notes, "graded")
                 if ok:
                     graded_ok.setdefault(a, []).append(student)
-                bar.done(student, a, graded=True,
-                         failed=any("autograde failed" in n for n in notes))
+                bar.done(
+                    student, a, graded=True, failed=any("autograde failed" in n for n in notes)
+                )
         except BaseException:  # Ctrl-C, or a pair failed in our code: end every pair's processes
             pool.shutdown(wait=False, cancel_futures=True)
             stop_all()
@@ -237,5 +301,3 @@ def grade(submissions: Path, course: Path = DEFAULT_COURSE, quick: bool = True,
     write_report(course, rows, [p[:4] for p in pairs], say)
     write_json(course / "report.json", [list(p) for p in pairs], indent=0)  # merge_shards reads it
     return rows
-
-

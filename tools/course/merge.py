@@ -6,6 +6,7 @@ only students and assignments), so this is ours: it copies a submission's rows t
 nbgrader's own API (the submission, and each notebook's grades and comments), and the files
 nbgrader keeps beside them (submitted/, autograded/, feedback/).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -66,8 +67,7 @@ def copy_submission(src: Path, dst: Path, assignment: str, student: str) -> None
         b.db.commit()
 
 
-def replace_files(src: Path, dst: Path, assignment: str, student: str,
-                  parts=PARTS) -> None:
+def replace_files(src: Path, dst: Path, assignment: str, student: str, parts=PARTS) -> None:
     """Make course `dst`'s folders of (student, assignment) those of course `src` (a part
     that `src` lacks goes in `dst` too)."""
     for part in parts:

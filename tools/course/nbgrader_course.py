@@ -1,5 +1,6 @@
 """The course folder nbgrader works in: its config, the points, the gradebook, and running
 nbgrader; and ending every process a submission started, by PID."""
+
 from __future__ import annotations
 
 import os
@@ -21,14 +22,34 @@ DEFAULT_COURSE = ROOT / "build" / "course"
 
 # Points of each exercise's test cell, by nbgrader grade id: the one place to change them.
 POINTS: dict[str, int] = {
-    "nb01-ex1-test": 3, "nb01-ex2-test": 2, "nb01-ex3-test": 2, "nb01-ex4-test": 2,
-    "nb02-ex1-test": 3, "nb02-ex2-test": 2, "nb02-ex3-test": 3,
-    "nb03-ex1-test": 2, "nb03-ex2-test": 2, "nb03-ex3-test": 3, "nb03-ex4-test": 2,
-    "nb04-ex1-test": 3, "nb04-ex2-test": 2, "nb04-ex3-test": 2, "nb04-ex4-test": 2,
-    "nb05-ex1-test": 3, "nb05-ex2-test": 2, "nb05-ex3-test": 3,
-    "nb06-ex1-test": 3, "nb06-ex2-test": 2, "nb06-ex3-test": 3,
-    "nb07-ex1-test": 2, "nb07-ex2-test": 2, "nb07-ex3-test": 3,
-    "nb08-ex1-test": 2, "nb08-ex2-test": 2, "nb08-ex3-test": 2, "nb08-ex4-test": 2,
+    "nb01-ex1-test": 3,
+    "nb01-ex2-test": 2,
+    "nb01-ex3-test": 2,
+    "nb01-ex4-test": 2,
+    "nb02-ex1-test": 3,
+    "nb02-ex2-test": 2,
+    "nb02-ex3-test": 3,
+    "nb03-ex1-test": 2,
+    "nb03-ex2-test": 2,
+    "nb03-ex3-test": 3,
+    "nb03-ex4-test": 2,
+    "nb04-ex1-test": 3,
+    "nb04-ex2-test": 2,
+    "nb04-ex3-test": 2,
+    "nb04-ex4-test": 2,
+    "nb05-ex1-test": 3,
+    "nb05-ex2-test": 2,
+    "nb05-ex3-test": 3,
+    "nb06-ex1-test": 3,
+    "nb06-ex2-test": 2,
+    "nb06-ex3-test": 3,
+    "nb07-ex1-test": 2,
+    "nb07-ex2-test": 2,
+    "nb07-ex3-test": 3,
+    "nb08-ex1-test": 2,
+    "nb08-ex2-test": 2,
+    "nb08-ex3-test": 2,
+    "nb08-ex4-test": 2,
 }
 
 CONFIG = """\
@@ -70,8 +91,10 @@ c.Execute.kernel_name = {kernel!r}
 c.KernelManager.transport = "ipc"
 c.KernelManager.ip = {sockets!r}
 """
-KILLED = ('raise RuntimeError("This cell ended the Python kernel while it was graded, so it was '
-          'not run again: 0 points for the tests that need it.")\n')
+KILLED = (
+    'raise RuntimeError("This cell ended the Python kernel while it was graded, so it was '
+    'not run again: 0 points for the tests that need it.")\n'
+)
 
 
 def grade_id(cell) -> str | None:
@@ -112,21 +135,31 @@ def with_points(nb, points: dict[str, int] = POINTS, strict: bool = True):
             if grade_id not in points and not strict:
                 continue
             if grade_id not in points:
-                raise KeyError(f"test cell {grade_id!r} has no points: add it to POINTS in "
-                               f"{Path(__file__).name}")
+                raise KeyError(
+                    f"test cell {grade_id!r} has no points: add it to POINTS in "
+                    f"{Path(__file__).name}"
+                )
             cell.metadata["nbgrader"]["points"] = points[grade_id]
     return out
 
 
-def write_config(course: Path, timeout: int, kernel: str | None = None,
-                 sockets: Path | None = None) -> None:
+def write_config(
+    course: Path, timeout: int, kernel: str | None = None, sockets: Path | None = None
+) -> None:
     """nbgrader_config.py of a course folder; `kernel` names the kernelspec to grade with
     (a sandboxed one, reached over Unix sockets whose paths start with `sockets`), else the
     notebook's own."""
-    (course / "nbgrader_config.py").write_text(CONFIG.format(
-        course_id=COURSE_ID, root=str(course), db_url=db_url(course),
-        timeout=int(timeout), repo=str(ROOT)) + TRACE_HOOK
-        + (SANDBOX_CONFIG.format(kernel=kernel, sockets=str(sockets)) if kernel else ""))
+    (course / "nbgrader_config.py").write_text(
+        CONFIG.format(
+            course_id=COURSE_ID,
+            root=str(course),
+            db_url=db_url(course),
+            timeout=int(timeout),
+            repo=str(ROOT),
+        )
+        + TRACE_HOOK
+        + (SANDBOX_CONFIG.format(kernel=kernel, sockets=str(sockets)) if kernel else "")
+    )
 
 
 class GradingStopped(RuntimeError):
@@ -147,8 +180,14 @@ def stop_all() -> None:
     end_processes(set(running), procs=list(running.values()))  # killed at once, waited once
 
 
-def nbgrader(course: Path, *args: str, env: dict | None = None, limit: float | None = None,
-             log: Path | None = None, guard=None) -> tuple[int | str, str]:
+def nbgrader(
+    course: Path,
+    *args: str,
+    env: dict | None = None,
+    limit: float | None = None,
+    log: Path | None = None,
+    guard=None,
+) -> tuple[int | str, str]:
     """Run one nbgrader command in the course folder; end everything it started, by PID.
 
     Returns (exit code, or "timed out after N s"; its output). Every process it starts (the
@@ -168,8 +207,14 @@ def nbgrader(course: Path, *args: str, env: dict | None = None, limit: float | N
         with _lock:
             if STOPPING.is_set():
                 raise GradingStopped(f"grading was stopped: nbgrader {args[0]} not started")
-            proc = subprocess.Popen(cmd, cwd=course, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=course,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             _running[token] = proc
         try:
             if guard is not None:
@@ -186,8 +231,9 @@ def nbgrader(course: Path, *args: str, env: dict | None = None, limit: float | N
     return status, (log.read_text(errors="replace") if log else "")
 
 
-def end_processes(token: str | set[str], proc: subprocess.Popen | None = None,
-                  procs: list[subprocess.Popen] = ()) -> list[int]:
+def end_processes(
+    token: str | set[str], proc: subprocess.Popen | None = None, procs: list[subprocess.Popen] = ()
+) -> list[int]:
     """SIGKILL every process whose environment holds LABS_GRADING_TOKEN=token (one token or
     several), and `proc`/`procs`; wait for them all at once; their PIDs."""
     tokens = {token} if isinstance(token, str) else set(token)
@@ -210,8 +256,11 @@ def token_processes(tokens: set[str], spare: set[int] = frozenset()) -> list[psu
     found = []
     for p in psutil.process_iter():
         try:
-            if (p.pid != os.getpid() and p.pid not in spare
-                    and p.environ().get("LABS_GRADING_TOKEN") in tokens):
+            if (
+                p.pid != os.getpid()
+                and p.pid not in spare
+                and p.environ().get("LABS_GRADING_TOKEN") in tokens
+            ):
                 found.append(p)
         except (psutil.Error, OSError):
             continue

@@ -4,6 +4,7 @@ Each pair gets course/work/<student>/<notebook>/: its own gradebook (the assignm
 nbgrader process, kernel (sandboxed), runs/ folder, ports and cluster, so that several pairs
 run at once; merge_pair, called by one thread only, brings the result into the course.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,7 @@ import nbformat
 from helpers.files import atomic_path
 from tools.course import sandbox
 from tools.course.merge import copy_submission, forget_submission, replace_files
-from tools.course.nbgrader_course import (KILLED, gradebook_at, nbgrader, with_points,
-                                          write_config)
+from tools.course.nbgrader_course import KILLED, gradebook_at, nbgrader, with_points, write_config
 from tools.course.report import cell_errors
 from tools.course.submissions import repair
 
@@ -33,8 +33,18 @@ NEEDS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def autograde(work: Path, assignment: str, student: str, nb, target: Path, env: dict,
-              timeout: int, notes: list[str], logs: Path, guard=None) -> tuple[int | str, str]:
+def autograde(
+    work: Path,
+    assignment: str,
+    student: str,
+    nb,
+    target: Path,
+    env: dict,
+    timeout: int,
+    notes: list[str],
+    logs: Path,
+    guard=None,
+) -> tuple[int | str, str]:
     """nbgrader autograde of one submitted notebook (already at `target`) in course `work`.
 
     When a cell of the student's kills the kernel (or hangs it past interrupting, or passes
@@ -49,9 +59,18 @@ def autograde(work: Path, assignment: str, student: str, nb, target: Path, env: 
         tripped = False
         if guard is not None:
             guard.tripped = False
-        status, log = nbgrader(work, "autograde", assignment, "--student", student, "--force",
-                               env=dict(env, LABS_GRADING_TRACE=str(trace)), limit=limit,
-                               log=logs / f"autograde-{student}-{assignment}.log", guard=guard)
+        status, log = nbgrader(
+            work,
+            "autograde",
+            assignment,
+            "--student",
+            student,
+            "--force",
+            env=dict(env, LABS_GRADING_TRACE=str(trace)),
+            limit=limit,
+            log=logs / f"autograde-{student}-{assignment}.log",
+            guard=guard,
+        )
         tripped = guard is not None and guard.tripped
         stuck = isinstance(status, str)  # nbgrader itself ran past the wall-clock limit
         died = stuck or tripped or "DeadKernelError" in log or "UnresponsiveKernelError" in log
@@ -62,10 +81,17 @@ def autograde(work: Path, assignment: str, student: str, nb, target: Path, env: 
         if not meta.get("solution"):
             notes.append(f"the kernel died in cell {index}, which is not a solution cell")
             return status, log
-        how = (f"it used more than the memory limit of {guard.limit_mb:,.0f} MB" if tripped
-               else "Kernel died" if "DeadKernelError" in log else f"kernel stuck, {status}")
-        notes.append(f"{meta['grade_id']}: ended the kernel ({how}); graded again with that "
-                     f"cell replaced by an error")
+        how = (
+            f"it used more than the memory limit of {guard.limit_mb:,.0f} MB"
+            if tripped
+            else "Kernel died"
+            if "DeadKernelError" in log
+            else f"kernel stuck, {status}"
+        )
+        notes.append(
+            f"{meta['grade_id']}: ended the kernel ({how}); graded again with that "
+            f"cell replaced by an error"
+        )
         nb.cells[index].source = KILLED
         nbformat.write(nb, str(target))
     return status, log
@@ -85,17 +111,19 @@ def prepare_runs(runs: Path, assignment: str, references: dict[str, Path]) -> Pa
 @dataclass
 class Settings:
     """How one grading run grades each pair (the same for every pair)."""
+
     course: Path
     quick: bool
     timeout: int
     sandbox: bool
     memory_mb: int
-    hidden: list[Path]          # folders the sandbox hides besides the course's own
+    hidden: list[Path]  # folders the sandbox hides besides the course's own
     references: dict[str, Path]  # runs/ of the course's reference run of each lesson needed
 
 
-def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> tuple[Path, bool,
-                                                                                      list[str]]:
+def grade_pair(
+    st: Settings, student: str, a: str, path: Path, release_nb
+) -> tuple[Path, bool, list[str]]:
     """Grade one student's notebook `a` (the file at `path`) in a course folder of its own,
     course/work/<student>/<a>/: its own gradebook, nbgrader process, kernel, runs/ folder,
     ports and cluster, so that pairs can run at once. The course's gradebook and folders are
@@ -121,30 +149,41 @@ def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> tu
     runs = prepare_runs(work / "runs", a, st.references)
     here = work / "autograded" / student / a  # nbgrader runs the notebook in this folder
     here.mkdir(parents=True)
-    env = dict(os.environ, LABS_RUNS_DIR=str(runs), LABS_QUICK="1" if st.quick else "0",
-               MPLBACKEND="Agg")
+    env = dict(
+        os.environ, LABS_RUNS_DIR=str(runs), LABS_QUICK="1" if st.quick else "0", MPLBACKEND="Agg"
+    )
     # the kernel's sockets: a short path of its own (a Unix socket's path has ~100 bytes)
     sockets = Path(tempfile.mkdtemp(prefix="labs-kernel-"))
     try:
         if st.sandbox:
-            sandbox.write_kernel(work / "jupyter", sandbox.bwrap_command(
-                writable=[runs, sockets], hidden=[st.course, *st.hidden], workdir=here,
-                readable=[here]))
+            sandbox.write_kernel(
+                work / "jupyter",
+                sandbox.bwrap_command(
+                    writable=[runs, sockets],
+                    hidden=[st.course, *st.hidden],
+                    workdir=here,
+                    readable=[here],
+                ),
+            )
             # the kernel's connection file is a temporary file of nbgrader's: it goes there too
             env.update(JUPYTER_PATH=str(work / "jupyter"), TMPDIR=str(sockets))
-        write_config(work, st.timeout, sandbox.KERNEL_NAME if st.sandbox else None,
-                     sockets / "kernel")
+        write_config(
+            work, st.timeout, sandbox.KERNEL_NAME if st.sandbox else None, sockets / "kernel"
+        )
         guard = sandbox.MemoryGuard(st.memory_mb)
-        status, log = autograde(work, a, student, nb, target, env, st.timeout, notes,
-                                st.course / "logs", guard)
+        status, log = autograde(
+            work, a, student, nb, target, env, st.timeout, notes, st.course / "logs", guard
+        )
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
     ok = status == 0 and (here / f"{a}.ipynb").is_file()
     if not ok:
         last = [line for line in log.splitlines() if "ERROR" in line][-1:]
-        notes.append(f"nbgrader autograde failed ({status}): 0 points for this notebook; "
-                     f"see logs/autograde-{student}-{a}.log"
-                     + (f" ({last[0].strip()[:160]})" if last else ""))
+        notes.append(
+            f"nbgrader autograde failed ({status}): 0 points for this notebook; "
+            f"see logs/autograde-{student}-{a}.log"
+            + (f" ({last[0].strip()[:160]})" if last else "")
+        )
         return work, False, notes
     notes += cell_errors(here / f"{a}.ipynb")
     return work, True, notes
@@ -155,11 +194,19 @@ def feedback(course: Path, assignment: str, students: list[str]) -> str | None:
     (its start costs about as much as grading a notebook that does no work); None, or what
     went wrong."""
     others = sorted({p.name for p in (course / "autograded").iterdir()} - set(students))
-    status, _ = nbgrader(course, "generate_feedback", assignment, "--force",
-                         f"--CourseDirectory.student_id_exclude={','.join(others)}",
-                         log=course / "logs" / f"feedback-{assignment}.log")
-    return None if status == 0 else (f"nbgrader generate_feedback failed ({status}); see "
-                                     f"logs/feedback-{assignment}.log")
+    status, _ = nbgrader(
+        course,
+        "generate_feedback",
+        assignment,
+        "--force",
+        f"--CourseDirectory.student_id_exclude={','.join(others)}",
+        log=course / "logs" / f"feedback-{assignment}.log",
+    )
+    return (
+        None
+        if status == 0
+        else (f"nbgrader generate_feedback failed ({status}); see logs/feedback-{assignment}.log")
+    )
 
 
 def merge_pair(course: Path, work: Path, student: str, a: str, ok: bool) -> None:

@@ -6,6 +6,7 @@ The ETA weighs each (student, notebook) pair by its lesson's measured run time
 run has gone so far: a class's 06 notebooks cost more than its 02 notebooks, and a loaded
 machine is slower than the one that measured.
 """
+
 from __future__ import annotations
 
 import threading
@@ -31,14 +32,20 @@ class GradingProgress:
     def __init__(self, pairs: list[tuple[str, str]], quick: bool, enabled: bool = True):
         mode = "quick" if quick else "full"
         times = run_times()
-        self.weight = {a: float(times.get(a, {}).get(mode, {}).get("seconds", UNMEASURED_S))
-                       for _, a in pairs}
+        self.weight = {
+            a: float(times.get(a, {}).get(mode, {}).get("seconds", UNMEASURED_S)) for _, a in pairs
+        }
         self.left = sum(self.weight[a] for _, a in pairs)  # weights of the pairs not yet done
         self.done_weight, self.failures, self.t0 = 0.0, 0, time.monotonic()
         self.running: list[tuple[str, str]] = []  # pairs being graded now
         self.lock = threading.Lock()
-        self.bar = tqdm(total=len(pairs), unit="pair", disable=not enabled, desc="grading",
-                        bar_format="{desc} {n_fmt}/{total_fmt} pairs [{elapsed}] {postfix}")
+        self.bar = tqdm(
+            total=len(pairs),
+            unit="pair",
+            disable=not enabled,
+            desc="grading",
+            bar_format="{desc} {n_fmt}/{total_fmt} pairs [{elapsed}] {postfix}",
+        )
 
     def eta_s(self) -> float:
         """Seconds still to go: the weights left, times the seconds per unit of weight so far."""
@@ -48,8 +55,9 @@ class GradingProgress:
 
     def _show(self) -> None:
         now = ", ".join(f"{s}/{a}" for s, a in self.running)
-        self.bar.set_postfix_str(f"now {now or '-'}; {self.failures} failed, "
-                                 f"ETA {clock(self.eta_s())}")
+        self.bar.set_postfix_str(
+            f"now {now or '-'}; {self.failures} failed, ETA {clock(self.eta_s())}"
+        )
 
     def start(self, student: str, notebook: str) -> None:
         """Show a pair that is now being graded (several may be at once); thread-safe."""

@@ -1,5 +1,6 @@
 """What grading tells: which cells failed and why, the points from the gradebook, grades.csv
 and report.txt."""
+
 from __future__ import annotations
 
 import csv
@@ -11,10 +12,11 @@ from helpers.files import atomic_path
 from tools.course.nbgrader_course import grade_id, gradebook
 from tools.notebooks import read
 
-
 # How a cell's error reads in the report: an interrupted cell is one that ran past the timeout.
-_ERROR_NAMES = {"KeyboardInterrupt": "ran past the timeout and was interrupted",
-                "CellTimeoutError": "ran past the timeout and was interrupted"}
+_ERROR_NAMES = {
+    "KeyboardInterrupt": "ran past the timeout and was interrupted",
+    "CellTimeoutError": "ran past the timeout and was interrupted",
+}
 
 
 def _heading(cells, index: int) -> str:
@@ -64,12 +66,17 @@ def cell_errors(autograded: Path, mark: bool = True) -> list[str]:
         line = f"{gid}: {_ERROR_NAMES.get(name, name)}"
         if causes:
             first = causes[0]
-            cause = (f"after cell {first} {_heading(nb.cells, first)} "
-                     f"{_describe(_error(nb.cells[first]))}")
+            cause = (
+                f"after cell {first} {_heading(nb.cells, first)} "
+                f"{_describe(_error(nb.cells[first]))}"
+            )
             line += f", {cause}"
             if mark:
-                nb.cells[i].outputs.append(nbformat.v4.new_output(
-                    "stream", name="stderr", text=f"This cell failed {cause}.\n"))
+                nb.cells[i].outputs.append(
+                    nbformat.v4.new_output(
+                        "stream", name="stderr", text=f"This cell failed {cause}.\n"
+                    )
+                )
         out.append(line)
     if mark and out:
         nbformat.write(nb, str(autograded))
@@ -97,12 +104,21 @@ def exercise_rows(gb, students: list[str], assignments: list[str]) -> list[dict]
                 cells = gb.find_notebook(assignment, assignment).grade_cells
                 pairs = [(c.name, 0.0, c.max_score) for c in cells]
             else:
-                pairs = [(g.cell.name, g.score, g.max_score) for g in grades
-                         if g.cell.name.endswith("-test")]
+                pairs = [
+                    (g.cell.name, g.score, g.max_score)
+                    for g in grades
+                    if g.cell.name.endswith("-test")
+                ]
             for name, score, max_score in sorted(pairs):
-                rows.append({"student": student, "notebook": assignment,
-                             "exercise": name.removesuffix("-test"),
-                             "points": float(score or 0), "max_points": float(max_score)})
+                rows.append(
+                    {
+                        "student": student,
+                        "notebook": assignment,
+                        "exercise": name.removesuffix("-test"),
+                        "points": float(score or 0),
+                        "max_points": float(max_score),
+                    }
+                )
     return rows
 
 

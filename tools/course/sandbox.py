@@ -24,6 +24,7 @@ Bubblewrap has no memory limit, so `MemoryGuard` (ours) watches the proportional
 RSS where the system has no PSS) of every process of one graded notebook and ends the
 kernel's processes when they pass the limit.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,12 @@ def unavailable_reason() -> str | None:
         return f"bubblewrap runs on Linux only (this is {sys.platform})"
     if shutil.which("bwrap") is None:
         return "bwrap (bubblewrap) is not on PATH: install it (apt-get install bubblewrap)"
-    probe = subprocess.run(["bwrap", *_isolation(), "--ro-bind", "/", "/", "--dev", "/dev",
-                            "--proc", "/proc", "true"], capture_output=True, text=True,
-                           timeout=30)
+    probe = subprocess.run(
+        ["bwrap", *_isolation(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if probe.returncode:
         return f"bwrap cannot make a sandbox here ({probe.stderr.strip()[:200]})"
     return None
@@ -64,12 +68,23 @@ def _isolation() -> list[str]:
     # As root, bwrap would keep every capability (and with them the power to unmount what
     # hides the course): a user namespace with an unprivileged user inside takes them away.
     uid = os.getuid() or 65534  # nobody
-    return ["--unshare-all", "--unshare-user", "--uid", str(uid), "--gid", str(uid),
-            "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+    return [
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(uid),
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--new-session",
+    ]
 
 
-def bwrap_command(writable: list[Path], hidden: list[Path], workdir: Path,
-                  readable: list[Path] = ()) -> list[str]:
+def bwrap_command(
+    writable: list[Path], hidden: list[Path], workdir: Path, readable: list[Path] = ()
+) -> list[str]:
     """The bwrap prefix of a sandboxed command: `writable` folders are the only ones it can
     write (besides a private /tmp), `hidden` ones look empty, everything else is read-only.
 
@@ -83,18 +98,39 @@ def bwrap_command(writable: list[Path], hidden: list[Path], workdir: Path,
     hide = [Path(p) for p in hidden] + [repo / part for part in SECRET_PARTS] + [Path("/run")]
     if home != Path("/"):
         hide.append(home)
-    readable = [*readable, repo, Path(sys.prefix), Path(sys.base_prefix), config.data_dir(),
-                *[Path(v) for k, v in os.environ.items()
-                  if k in ("LABS_DATA_MIRROR", "LABS_DBPEDIA_DIR") and v]]
+    readable = [
+        *readable,
+        repo,
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        config.data_dir(),
+        *[
+            Path(v)
+            for k, v in os.environ.items()
+            if k in ("LABS_DATA_MIRROR", "LABS_DBPEDIA_DIR") and v
+        ],
+    ]
     mounts: list[tuple[Path, str]] = [(Path(p).resolve(), "hide") for p in hide]
     mounts += [(Path(p).resolve(), "ro") for p in readable]
     mounts += [(Path(p).resolve(), "rw") for p in writable]
     # a readable folder under a hidden one comes back; one that holds a hidden one stays
     # visible around it: mounting by depth (parents first) gives both
-    mounts = sorted({m for m in mounts if m[0].exists()},
-                    key=lambda m: (len(m[0].parts), m[1], str(m[0])))
-    cmd = ["bwrap", *_isolation(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-           "--tmpfs", "/tmp"]
+    mounts = sorted(
+        {m for m in mounts if m[0].exists()}, key=lambda m: (len(m[0].parts), m[1], str(m[0]))
+    )
+    cmd = [
+        "bwrap",
+        *_isolation(),
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+    ]
     for path, kind in mounts:
         if kind == "hide":
             cmd += ["--tmpfs", str(path)]
@@ -106,12 +142,26 @@ def bwrap_command(writable: list[Path], hidden: list[Path], workdir: Path,
     for path, kind in mounts:
         if kind == "hide":
             cmd += ["--remount-ro", str(path)]
-    cmd += ["--chdir", str(workdir), "--setenv", "HOME", "/tmp",
-            "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib", "--setenv", "IPYTHONDIR", "/tmp/ipython",
-            "--setenv", "TMPDIR", "/tmp",
-            # ipykernel would take bwrap's init (PID 1 in its namespace) for a dead parent;
-            # bwrap's --die-with-parent does that watch instead
-            "--unsetenv", "JPY_PARENT_PID"]
+    cmd += [
+        "--chdir",
+        str(workdir),
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "MPLCONFIGDIR",
+        "/tmp/matplotlib",
+        "--setenv",
+        "IPYTHONDIR",
+        "/tmp/ipython",
+        "--setenv",
+        "TMPDIR",
+        "/tmp",
+        # ipykernel would take bwrap's init (PID 1 in its namespace) for a dead parent;
+        # bwrap's --die-with-parent does that watch instead
+        "--unsetenv",
+        "JPY_PARENT_PID",
+    ]
     return cmd + ["--"]
 
 
@@ -119,10 +169,12 @@ def write_kernel(jupyter_dir: Path, prefix: list[str]) -> None:
     """A kernelspec KERNEL_NAME in `jupyter_dir`/kernels whose kernel starts inside `prefix`.
 
     Interrupts go as messages: a signal would reach bwrap, not the kernel inside it."""
-    spec = {"argv": [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f",
-                     "{connection_file}"],
-            "display_name": "Python 3 (grading sandbox)", "language": "python",
-            "interrupt_mode": "message"}
+    spec = {
+        "argv": [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (grading sandbox)",
+        "language": "python",
+        "interrupt_mode": "message",
+    }
     folder = jupyter_dir / "kernels" / KERNEL_NAME
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
@@ -158,8 +210,7 @@ class MemoryGuard:
         """Start watching the processes of `token` (in a thread) until `stop`."""
         self.stop()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, args=(token, set(spare)),
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(token, set(spare)), daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -6,6 +6,7 @@ shard into the course: one gradebook, grades.csv, feedback and report, as if gra
 Slurm array jobs and Kubernetes Indexed Jobs give each task its index in a variable
 (SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX): SHARD=m alone reads it (examples/grading/).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,32 +35,39 @@ def parse_shard(spec: str, env: dict = os.environ) -> tuple[int, int]:
             elif "JOB_COMPLETION_INDEX" in env:
                 index = int(env["JOB_COMPLETION_INDEX"])
             else:
-                raise ValueError(f"SHARD={spec} gives the number of shards only, and neither "
-                                 f"SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set: give "
-                                 f"SHARD=i/m (i from 0 to m-1)")
+                raise ValueError(
+                    f"SHARD={spec} gives the number of shards only, and neither "
+                    f"SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set: give "
+                    f"SHARD=i/m (i from 0 to m-1)"
+                )
     except ValueError as exc:
         if "SHARD=" in str(exc):
             raise
-        raise ValueError(f"SHARD={spec} is not i/m with whole numbers (e.g. SHARD=0/4), nor a "
-                         f"number of shards") from None
+        raise ValueError(
+            f"SHARD={spec} is not i/m with whole numbers (e.g. SHARD=0/4), nor a number of shards"
+        ) from None
     if not 0 <= index < count:
-        raise ValueError(f"SHARD={spec}: shard {index} of {count} does not exist; shards are "
-                         f"numbered 0 to {count - 1}")
+        raise ValueError(
+            f"SHARD={spec}: shard {index} of {count} does not exist; shards are "
+            f"numbered 0 to {count - 1}"
+        )
     return index, count
 
 
-def merge_shards(course: Path = DEFAULT_COURSE, src: Path | None = None, timeout: int = 600,
-                 say=print) -> list[dict]:
+def merge_shards(
+    course: Path = DEFAULT_COURSE, src: Path | None = None, timeout: int = 600, say=print
+) -> list[dict]:
     """Bring every shard graded into course/shards/ into the course itself: gradebook,
     submitted/, autograded/, feedback/ and graded/; then grades.csv and report.txt for the
     students of the shards. Each shard's folder is removed once it is merged. Returns the
     rows of grades.csv."""
     course = Path(course).resolve()
-    shards = sorted(p for p in (course / "shards").glob("*-of-*")
-                    if (p / "report.json").is_file())
+    shards = sorted(p for p in (course / "shards").glob("*-of-*") if (p / "report.json").is_file())
     if not shards:
-        raise FileNotFoundError(f"no graded shard in {course / 'shards'}: grade with "
-                                f"SHARD=i/m first (make grade SUBMISSIONS=... SHARD=0/2)")
+        raise FileNotFoundError(
+            f"no graded shard in {course / 'shards'}: grade with "
+            f"SHARD=i/m first (make grade SUBMISSIONS=... SHARD=0/2)"
+        )
     release(course, src, timeout)
     assignments = sorted(p.name for p in (course / "source").iterdir() if p.is_dir())
     report = {}
@@ -82,8 +90,12 @@ def merge_shards(course: Path = DEFAULT_COURSE, src: Path | None = None, timeout
                 shutil.copy(stamp, course / "graded" / student)
     students = sorted({s for s, _ in report})
     rows = gradebook_rows(course, students, assignments)
-    write_report(course, rows, [(s, a, *report[s, a]) for s in students for a in assignments
-                                if (s, a) in report], say)
+    write_report(
+        course,
+        rows,
+        [(s, a, *report[s, a]) for s in students for a in assignments if (s, a) in report],
+        say,
+    )
     for shard in shards:
         shutil.rmtree(shard)
     say(f"merged {len(shards)} shard(s): {', '.join(p.name for p in shards)}")

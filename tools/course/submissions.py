@@ -1,4 +1,5 @@
 """What a student handed in: each lesson's notebook found in their folder, and repaired."""
+
 from __future__ import annotations
 
 import warnings
@@ -13,6 +14,7 @@ from tools.course.nbgrader_course import grade_id, nbgrader_cells
 @dataclass
 class Found:
     """What was handed in for one (student, notebook), and what was done about it."""
+
     path: Path | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -37,8 +39,14 @@ def find_submissions(student_dir: Path, notebooks: dict[str, object]) -> dict[st
             ids = set(nbgrader_cells(nbformat.read(str(path), as_version=4)))
         except Exception:  # not a notebook at all: reported below if it is a lesson's name
             ids = set()
-        owner = next((nb_id for nb_id, cells in notebooks.items()
-                      if ids & set(cells) and found[nb_id].path is None), None)
+        owner = next(
+            (
+                nb_id
+                for nb_id, cells in notebooks.items()
+                if ids & set(cells) and found[nb_id].path is None
+            ),
+            None,
+        )
         if owner:
             found[owner].path = path
             found[owner].notes.append(f"graded {path.name} as {owner}.ipynb (renamed)")
