@@ -1,4 +1,5 @@
-"""Benchmark the localhost PS cluster: throughput per mode, start-up, memory, bytes, time to accuracy,
+"""Benchmark the localhost PS cluster: throughput per mode, start-up, memory, bytes, time to
+accuracy,
 side by side with one process and with TensorFlow's own ParameterServerStrategy.
 
 Prints markdown tables and writes runs/bench/cluster_bench.json, whose "ratios" object holds

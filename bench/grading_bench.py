@@ -6,7 +6,8 @@ fixed cost of one pair, and the wall time projected for a class.
 Every generated student hands in the lessons with their reference solutions (full points, so
 every cell runs). Each JOBS setting grades the same submissions into a fresh copy of one
 prepared course folder (release and the reference runs made once, before any timing). The
-fixed cost is measured on a lesson of one exercise that does no work: nbgrader's start, the sandboxed kernel's start,
+fixed cost is measured on a lesson of one exercise that does no work: nbgrader's start, the
+sandboxed kernel's start,
 the feedback page and the merge into the gradebook, with no lesson work.
 
 Figures are measured side by side in one run; the machine's speed drifts between runs.
@@ -87,7 +88,7 @@ def timed_grading(
             f" The report:\n{(course / 'report.txt').read_text()}"
         )
     per = {}
-    for student, a, seconds, _notes, outcome in json.loads((course / "report.json").read_text()):
+    for _student, a, seconds, _notes, outcome in json.loads((course / "report.json").read_text()):
         if outcome == "graded":
             per.setdefault(a, []).append(seconds)
     shutil.rmtree(course)

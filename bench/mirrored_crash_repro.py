@@ -10,7 +10,8 @@ TF compute thread jump through freed memory (kernel log: `tf_Compute ... segfaul
 
 Each trial is a fresh process that builds LeNet under a one-replica MirroredStrategy and tests
 it `--repeats` times on 10,000 MNIST images in batches of 1,000, either with Keras'
-`evaluate` or with `helpers.training.models.accuracy` (plain forward passes, no distributed iterator),
+`evaluate` or with `helpers.training.models.accuracy` (plain forward passes, no distributed
+iterator),
 while `--load` busy-loop processes keep the cores loaded. The parent prints how each trial
 ended and writes runs/bench/mirrored_crash.json.
 

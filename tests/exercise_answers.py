@@ -45,7 +45,8 @@ SECOND["nb01-ex1"] = _("""
                                                         Y_train[:, j])
                   for j in range(Y_train.shape[1])]
     x_eval = scaler.transform(features[BEST]["test"])
-    Y_pred = np.column_stack([(m.predict_proba(x_eval)[:, 1] >= 0.5) for m in per_column]).astype(int)
+    votes = [(m.predict_proba(x_eval)[:, 1] >= 0.5) for m in per_column]
+    Y_pred = np.column_stack(votes).astype(int)
     micro_f1 = float(f1_score(Y_test, Y_pred, average="micro"))
     subset_acc = float((Y_pred == Y_test).all(axis=1).mean())
 """)
@@ -81,7 +82,7 @@ SECOND["nb01-ex4"] = _("""
 """)
 WRONG["nb01-ex4"] = SECOND["nb01-ex4"].replace('metric="cosine"', 'metric="euclidean"')
 
-# ----------------------------------------------------------------------------- 02 logistic regression
+# ----------------------------------------------------------------------------- 02 logistic regress
 SECOND["nb02-ex1"] = _("""
     class InverseTime(keras.optimizers.schedules.LearningRateSchedule):
         def __init__(self, initial, rate, every):
@@ -156,7 +157,8 @@ SECOND["nb03-ex2"] = _("""
     def zero_share_and_acc(l1):
         config.set_seed(SEED)
         net = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
-        h = train_loop(net, make_optimizer("proximal_gd", 0.5, l1=l1), make_loss("sparse_softmax_ce"),
+        opt = make_optimizer("proximal_gd", 0.5, l1=l1)
+        h = train_loop(net, opt, make_loss("sparse_softmax_ce"),
                   (x_train, y_train), (x_test, y_test), epochs=1, batch_size=BATCH)
         k = net.layers[-1].kernel.numpy()
         return float(np.count_nonzero(k == 0) / k.size), float(h["test_acc"][-1])
@@ -402,7 +404,7 @@ WRONG["nb08-ex2"] = _("""
 
 SECOND["nb08-ex3"] = _("""
     hosts = {"chief": [2000], "worker": [2001, 2002], "ps": [2003]}
-    spec = {"cluster": {job: [f"localhost:{port}" for port in ports] for job, ports in hosts.items()}}
+    spec = {"cluster": {job: [f"localhost:{p}" for p in ports] for job, ports in hosts.items()}}
     spec["task"] = dict(type="worker", index=1)
     my_tf_config = json.dumps(spec)
 """)

@@ -1,4 +1,5 @@
-"""helpers.training.mirrored: each configuration in a child process; crashes are reported and retried."""
+"""helpers.training.mirrored: each configuration in a child process; crashes are reported and
+retried."""
 
 from __future__ import annotations
 

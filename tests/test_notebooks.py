@@ -90,7 +90,8 @@ def test_run_times_are_measured_for_every_notebook_in_both_modes():
     times = make_index.run_times()
     for path in NOTEBOOKS:
         assert {"full", "quick"} <= set(times.get(path.stem, {})), (
-            f"{path.stem}: run it with `make run` and `python -m tools.run_notebooks --quick --record-times`"
+            f"{path.stem}: run it with `make run` and "
+            "`python -m tools.run_notebooks --quick --record-times`"
         )
 
 

@@ -16,7 +16,8 @@ T0 = 1000.0
 
 
 def write_run(tmp_path, events, config=None, resources=None):
-    """Write events as the cluster's processes do (one .jsonl per process) and wrap them in a Run."""
+    """Write events as the cluster's processes do (one .jsonl per process) and wrap them in a
+    Run."""
     files = {}
     for source, row in events:
         files.setdefault(source, []).append(json.dumps(row))

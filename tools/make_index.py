@@ -116,12 +116,14 @@ def measured_table(folder: Path = NOTEBOOK_DIR) -> str:
             f"| {full.get('processes_at_peak', '?')} |"
         )
     dates = sorted({d["date"] for m in times.values() for d in m.values()})
+    cores = "/".join(sorted({str(d["cores"]) for m in times.values() for d in m.values()}))
     rows += [
         "",
         f"_Measured by `make run` and `python -m tools.run_notebooks --quick "
-        f"--record-times` on {'/'.join(sorted({str(d['cores']) for m in times.values() for d in m.values()}))} "
+        f"--record-times` on {cores} "
         f"CPU cores (latest {dates[-1] if dates else '?'}): PSS of the kernel and every "
-        "process it started, read at each new high of their RSS (sampled every second); written here by `make index`._",
+        "process it started, read at each new high of their RSS (sampled every second); "
+        "written here by `make index`._",
     ]
     return "\n".join(rows) + "\n"
 
@@ -151,7 +153,7 @@ def stale_headers(folder: Path = NOTEBOOK_DIR) -> dict[Path, str]:
         first = read(path).cells[0]
         if line is None or not RUN_TIME_LINE.search(first.source):
             continue
-        fresh = RUN_TIME_LINE.sub(lambda _: line, first.source)
+        fresh = RUN_TIME_LINE.sub(lambda _, line=line: line, first.source)
         if fresh != first.source:
             out[path] = fresh
     return out

@@ -32,7 +32,7 @@ def title_and_objectives(nb) -> tuple[str, list[str]]:
     if first is None:
         raise ValueError("notebook has no markdown cell: its first cell must be '# Title ...'")
     lines = first.source.splitlines()
-    titles = [l[2:].strip() for l in lines if l.startswith("# ")]
+    titles = [t[2:].strip() for t in lines if t.startswith("# ")]
     if not titles:
         raise ValueError(f"first markdown cell has no '# Title' line: {first.source[:60]!r}")
     objectives, inside = [], False

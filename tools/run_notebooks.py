@@ -146,7 +146,7 @@ def progress_hooks(bar: tqdm) -> dict:
     def on_cell_start(cell, cell_index):
         if cell.cell_type == "markdown":
             heading = next(
-                (l.lstrip("#").strip() for l in cell.source.splitlines() if l.startswith("## ")),
+                (h.lstrip("#").strip() for h in cell.source.splitlines() if h.startswith("## ")),
                 None,
             )
             if heading:

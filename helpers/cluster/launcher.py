@@ -306,7 +306,7 @@ class LocalCluster:
         pids = {w: self.procs[f"worker:{w}"].pid for w in cfg.worker_ids}
         ps_pids = {t: self.procs[f"ps:{t}"].pid for t in range(self.ps)}
         self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
-        for name, proc in self.procs.items():
+        for proc in self.procs.values():
             if proc.died() is None:
                 proc.send(command(Cmd.RUN, config=str(cfg_path), worker_pids=pids, ps_pids=ps_pids))
         return self._watch(cfg, run_dir, progress)

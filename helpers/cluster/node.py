@@ -74,13 +74,13 @@ class Node:
             try:
                 socket.create_connection((host, int(port)), timeout=every).close()
                 reached, missed = True, 0
-            except OSError:
+            except OSError as err:
                 missed += reached
                 if not reached and time.monotonic() - start > never_s:
                     raise RuntimeError(
                         f"PS task {self.task}: PS task 0 at {self.ps_addrs[0]} was never reachable "
                         f"in {never_s:.0f} s; start it (or check the address in the cluster file)"
-                    )
+                    ) from err
             time.sleep(every)
 
     def say(self, event: Event, **fields) -> None:

@@ -2,7 +2,8 @@
 
 `run_demo()` starts a driver process (inside a private network namespace when the OS
 allows it); the driver starts the PS and two clients, lets client A work and then
-client B, and every process reports what it saw as JSON lines. The clients' code is `client()` below,
+client B, and every process reports what it saw as JSON lines. The clients' code is `client()`
+below,
 short enough to print in a notebook. Every process is ended by PID, even on errors.
 """
 
@@ -160,7 +161,7 @@ def run_demo(isolate: bool | None = None, timeout: float = 300.0) -> list[dict]:
             out, err = driver.communicate()
             raise RuntimeError(
                 f"the PS demo took more than {timeout:.0f} s and was ended:\n{err[-2000:]}"
-            )
+            ) from None
         finally:
             kill_group(driver.pid)  # anything left of the group
             if driver.poll() is None:

@@ -71,7 +71,8 @@ class TFConfigCluster:
             once every other task is done.
         timeout: seconds to wait for the job before ending every process.
         isolate: "auto" runs every task in a private network namespace when the OS allows it
-            (warning once when not), True insists, False never isolates (see helpers/system/netns.py).
+            (warning once when not), True insists, False never isolates (see
+            helpers/system/netns.py).
     Raises:
         ValueError: for bad roles or timeout, before any process starts.
     """
@@ -222,7 +223,8 @@ class Launch:
     """What one cluster launch gave: each task's result, resources and timeline, and its wall time.
 
     `results` maps task name -> its result; `resources` task name -> {"cpu_percent",
-    "peak_rss_mb", "peak_pss_mb", "peak_uss_mb"} sampled with psutil (ResourceMonitor); `timeline` is `TFConfigCluster.timeline()`;
+    "peak_rss_mb", "peak_pss_mb", "peak_uss_mb"} sampled with psutil (ResourceMonitor); `timeline`
+    is `TFConfigCluster.timeline()`;
     `log_dir` holds each task's log and launch.json.
     """
 

@@ -142,7 +142,7 @@ def plot(
                 )
     ps_row = len(workers)
     shown = mk[(mk.t - t0 >= lo) & (mk.t - t0 <= hi)]
-    for kind, (label, marker, colour) in MARKS.items():
+    for kind, (_label, marker, colour) in MARKS.items():
         part = shown[shown.kind == str(kind)]
         if not len(part):
             continue

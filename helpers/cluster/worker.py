@@ -165,7 +165,7 @@ class WorkerLoop:
                         for t, idx in enumerate(tasks)
                     ]
                 arrived_at = []  # per PS task: what it received
-                for t, idx in enumerate(tasks):
+                for t in range(len(tasks)):
                     with tf.device(res.devices[t]):
                         arrived_at.append(unpack(packed[t], push_shapes[t]))
                 meta, arrived_at[0] = arrived_at[0][0], arrived_at[0][1:]

@@ -24,6 +24,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from helpers import config
@@ -290,7 +291,7 @@ def _extract_members(ds: Dataset, archive: Path, into: Path) -> None:
                 out_path = into / Path(member).name
                 digest = hashlib.sha256()
                 with src, open(out_path, "wb") as out:
-                    for chunk in iter(lambda: src.read(CHUNK), b""):
+                    for chunk in iter(partial(src.read, CHUNK), b""):
                         digest.update(chunk)
                         out.write(chunk)
                 if digest.hexdigest() != sha:

@@ -2,7 +2,8 @@
 
 The cluster engine (`cluster.launcher`), TF_CONFIG clusters (`cluster.tfconfig`), the private
 network namespace (`system.netns`), the PS demo (`cluster.psdemo`) and notebook 04's one process
-per configuration (`training.mirrored`) all start Python children that must end with their parent, report
+per configuration (`training.mirrored`) all start Python children that must end with their parent,
+report
 on stdout and be ended by PID. This module is that plumbing, in one place:
 
 - `spawn` / `die_with_parent`: a child ends within a second of its parent's death, on any

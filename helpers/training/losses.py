@@ -65,7 +65,8 @@ class WeightedKappaLoss(keras.losses.Loss):
 
 
 def weighted_sigmoid_cross_entropy(y_true, logits, pos_weight: float):
-    """Per-class sigmoid cross-entropy with the positive term scaled by pos_weight, mean over all."""
+    """Per-class sigmoid cross-entropy with the positive term scaled by pos_weight, mean over
+    all."""
     if pos_weight <= 0:
         raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
     y_true = tf.cast(y_true, logits.dtype)

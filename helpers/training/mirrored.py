@@ -7,7 +7,8 @@ with faulthandler stacks of the crashed processes): under a strategy, Keras' `ev
 `fit` first pull one batch through a fresh distributed iterator and drop it at once, and
 dropping it while its prefetch is in flight lets a TF thread run through freed memory. So the
 test accuracy here comes from plain forward passes (`models.accuracy`), not `evaluate`. And
-every configuration runs in its own process (`python -m helpers.training.mirrored job.json`): it sets up
+every configuration runs in its own process (`python -m helpers.training.mirrored job.json`): it
+sets up
 exactly the devices it needs, trains, measures its own CPU% and peak memory, and prints one
 JSON line. A process killed by a signal costs one configuration: it is reported with its
 Python stack (faulthandler) and run once more. The process plumbing (dying with the parent,

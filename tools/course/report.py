@@ -25,7 +25,7 @@ def _heading(cells, index: int) -> str:
         return grade_id(cells[index])
     for cell in reversed(cells[:index]):
         if cell.cell_type == "markdown":
-            found = [l.lstrip("#").strip() for l in cell.source.splitlines() if l.startswith("#")]
+            found = [h.lstrip("#").strip() for h in cell.source.splitlines() if h.startswith("#")]
             if found:
                 return f'"{found[-1]}"'
     return "the top of the notebook"

@@ -50,7 +50,7 @@ def find_submissions(student_dir: Path, notebooks: dict[str, object]) -> dict[st
         if owner:
             found[owner].path = path
             found[owner].notes.append(f"graded {path.name} as {owner}.ipynb (renamed)")
-    for nb_id, f in found.items():
+    for f in found.values():
         if f.path is None:
             continue
         try:

@@ -1,0 +1,29 @@
+"""One code style: ruff's linter and formatter, as configured in pyproject.toml, pass over the
+tree (helpers/, tools/, bench/, tests/ and the notebooks' code cells)."""
+
+import subprocess
+import sys
+
+from helpers.config import REPO_ROOT
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ruff", *args]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_ruff_check_passes():
+    done = _ruff("check", "--output-format", "concise", ".")
+    assert done.returncode == 0, f"ruff check finds (fix, or `ruff check --fix`):\n{done.stdout}"
+
+
+def test_ruff_format_leaves_every_file_as_it_is():
+    done = _ruff("format", "--check", ".")
+    assert done.returncode == 0, f"run `ruff format` on these:\n{done.stdout}"
+
+
+def test_the_check_catches_an_unused_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n")
+    done = _ruff("check", "--no-cache", "--isolated", "--select", "F401", str(bad))
+    assert done.returncode == 1 and "F401" in done.stdout
