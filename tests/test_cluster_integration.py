@@ -734,7 +734,7 @@ def test_node_entrypoint_runs_across_two_hosts_joined_by_veth(tmp_path, shared_d
         assert [n.returncode for n in nodes] == [0] * len(roles), tails
         assert json.loads(outputs[0].splitlines()[-1])["test_accuracy"] > MIN_ACCURACY
         assert json.loads(outputs[1].splitlines()[-1])["steps"] >= 60
-        from helpers.cluster.events import read_events
+        from helpers.cluster.rundir import read_events
 
         ev = read_events(tmp_path)
         assert (ev.kind == "update").sum() == 60

@@ -214,7 +214,7 @@ def test_validation_fills_defaults_and_round_trips():
 
 
 def test_event_tail_returns_each_complete_line_once(tmp_path):
-    from helpers.cluster.events import EventLog, EventTail
+    from helpers.cluster.rundir import EventLog, EventTail
 
     tail = EventTail(tmp_path)
     assert tail.read() == []

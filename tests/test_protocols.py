@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from helpers.cluster.events import EventLog, Kind, read_events
+from helpers.cluster.events import Kind
+from helpers.cluster.rundir import EventLog, read_events
 from helpers.system import control
 
 

@@ -76,7 +76,7 @@ def run_row(run, shapes) -> dict:
     st = ev[(ev.kind == Kind.STEP) & (ev.t > start) & (ev.t <= end)]
     n_steps = len(st)
     cpu = run.cpu_seconds()
-    tasks = int(ev[ev.kind == Kind.START].ps.iloc[-1])  # PS task 0 logs how many there are
+    tasks = run.ps_tasks
     carried = task_bytes(shapes, tasks, cfg.compress)
     row = {
         "workers": cfg.workers,

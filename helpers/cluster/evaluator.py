@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from helpers.cluster.events import Kind
+from helpers.cluster.rundir import Checkpoint, RunDir
 from helpers.training import models
 
 
@@ -30,11 +30,11 @@ class EvaluatorLoop:
                 break
             if version < 0:
                 break
-            path = self.run_dir / "ckpt" / f"ckpt-{version:07d}.npz"
-            with np.load(path) as f:
-                for i, var in enumerate(self.model.trainable_variables):
-                    var.assign(f[f"w{i}"])
+            ckpt = Checkpoint.of(version)
+            values = RunDir(self.run_dir).load_checkpoint(ckpt)
+            for var, value in zip(self.model.trainable_variables, values):
+                var.assign(value)
             acc = self.score()
-            self.log.write(Kind.EVAL, version=version, test_accuracy=acc, file=path.name)
+            self.log.write(Kind.EVAL, version=version, test_accuracy=acc, file=ckpt.file)
             evaluated += 1
         return {"evaluated": evaluated}

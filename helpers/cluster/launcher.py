@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import json
 import os
 import queue
 import signal
@@ -23,8 +22,9 @@ from pathlib import Path
 from helpers import config
 from helpers.cluster import protocol
 from helpers.cluster.dashboard import Dashboard
-from helpers.cluster.events import EventTail, Kind
+from helpers.cluster.events import Kind
 from helpers.cluster.run import Run
+from helpers.cluster.rundir import EventTail, RunDir, write_cluster
 from helpers.system import netns, resources
 from helpers.system.control import Cmd, Event, command
 from helpers.system.processes import ChildProcess, free_ports, log_section, unique_name
@@ -155,7 +155,7 @@ class LocalCluster:
             host = "localhost"
             ports = [2222 + t for t in range(self.ps)] if self.isolated else free_ports(self.ps)
             spec = {"ps": [f"{host}:{port}" for port in ports]}
-            (self.dir / "cluster.json").write_text(json.dumps(spec))
+            write_cluster(self.dir / "cluster.json", spec)
             env = dict(
                 os.environ,
                 TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE="false",
@@ -298,8 +298,7 @@ class LocalCluster:
                 f"ps={self.ps} (tasks 0 to {self.ps - 1})"
             )
         run_dir = config.runs_dir(cfg.run_id)
-        cfg_path = run_dir / "config.json"
-        cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+        cfg_path = RunDir(run_dir).write_config(cfg)
         missing = [w for w in cfg.worker_ids if w in self.dead_workers or w >= self.workers]
         if missing:
             raise ValueError(f"workers {missing} are dead or do not exist; live workers: {live}")
@@ -323,7 +322,7 @@ class LocalCluster:
                 status=lambda: self._worker_status(cfg),
             )
         watch = _Watch(
-            {n for n, p in self.procs.items() if p.died() is None}, EventTail(run_dir), board
+            {n for n, p in self.procs.items() if p.died() is None}, RunDir(run_dir).tail(), board
         )
         lo_before = self.loopback_bytes()
         t0 = time.perf_counter()

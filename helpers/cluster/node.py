@@ -96,11 +96,12 @@ class Node:
         """Take part in one training run as this node's job; return a result for the launcher."""
         if self.server is not None:  # another PS task: its server does the work
             return {"ps_task": self.task}
-        from helpers.cluster import events, wire
+        from helpers.cluster import wire
+        from helpers.cluster.rundir import RunDir
         from helpers.data import arrays
         from helpers.training import models
 
-        log = events.EventLog(run_dir, f"{self.job}-{self.task}")
+        log = RunDir(run_dir).log(f"{self.job}-{self.task}")
         if self.job == "worker":  # its own shard of the training images only
             shard = (cfg.worker_ids.index(self.task), cfg.workers)
             x_tr, y_tr, _, _, classes = arrays.load_arrays(
@@ -163,17 +164,17 @@ def main(argv=None) -> int:
     else:
         proto = None
     os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
-    cluster = json.loads(Path(args.cluster).read_text())
-    from helpers.cluster.protocol import RunConfig, validate
+    from helpers.cluster.protocol import validate
+    from helpers.cluster.rundir import RunDir, read_cluster
+
+    cluster = read_cluster(args.cluster)
 
     node = Node(cluster, args.job, args.task, proto)
     node.say(Event.READY, job=args.job, task=args.task, pid=os.getpid())
     print(f"{args.job}:{args.task} ready (pid {os.getpid()})", file=sys.stderr, flush=True)
     if args.run:
-        body = json.loads(Path(args.run).read_text())
-        cfg = validate(RunConfig.from_dict(body))
-        run_dir = Path(body.get("run_dir") or Path(args.run).parent)
-        result = node.run(cfg, run_dir)
+        cfg, record = RunDir.read_config(args.run)
+        result = node.run(validate(cfg), record.path)
         if node.server is not None:  # another PS task: serve the run until task 0 has ended it
             node.wait_for_ps0_to_end()
         print(json.dumps(result), flush=True)
@@ -182,16 +183,14 @@ def main(argv=None) -> int:
         cmd = json.loads(line)
         if cmd["cmd"] == Cmd.EXIT:
             break
-        cfg = RunConfig.from_dict(json.loads(Path(cmd["config"]).read_text()))
+        cfg, record = RunDir.read_config(cmd["config"])
         if (args.job == "worker" and node.task not in cfg.worker_ids) or (
             args.job == "evaluator" and not cfg.evaluator
         ):
             node.say(Event.DONE, run=cfg.run_id, result={"idle": True})
             continue
         try:
-            result = node.run(
-                cfg, Path(cmd["config"]).parent, cmd.get("worker_pids"), cmd.get("ps_pids")
-            )
+            result = node.run(cfg, record.path, cmd.get("worker_pids"), cmd.get("ps_pids"))
             node.say(Event.DONE, run=cfg.run_id, result=result)
         except Exception as exc:  # reported to the launcher, which raises it with the log tail
             traceback.print_exc()

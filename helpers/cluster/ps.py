@@ -10,7 +10,6 @@ parameters sharded, this loop runs on PS task 0 only and applies each update on 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -19,10 +18,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from helpers import files
 from helpers.cluster import protocol, wire
 from helpers.cluster.events import Kind
 from helpers.cluster.liveness import WorkerWatch
+from helpers.cluster.rundir import RunDir
 from helpers.cluster.update import apply_update, staged_apply, warm_staged
 from helpers.cluster.wire import DEAD, WARMUP, WARMUP_TICKET, Applied, Header, Token
 from helpers.training import compression, models
@@ -62,13 +61,12 @@ class PSLoop(WorkerWatch):
     def _init_vars(self):
         raw, res = tf.raw_ops, self.res
         values = [v.numpy() for v in self.model.trainable_variables]
-        ckpt_dir = self.run_dir / "ckpt"
-        if self.cfg.resume and (ckpt_dir / "latest.json").exists():
-            latest = json.loads((ckpt_dir / "latest.json").read_text())
-            with np.load(ckpt_dir / latest["file"]) as f:
-                values = [f[f"w{i}"] for i in range(len(values))]
-            self.version = int(latest["version"])
-            self.log.write(Kind.RESUME, version=self.version, file=latest["file"])
+        record = RunDir(self.run_dir)
+        latest = record.latest_checkpoint() if self.cfg.resume else None
+        if latest is not None:
+            values = record.load_checkpoint(latest)
+            self.version = latest.version
+            self.log.write(Kind.RESUME, version=self.version, file=latest.file)
         for h, v in zip(res.vars, wire.split(values, res.pieces)):  # on its PS task
             raw.AssignVariableOp(resource=h, value=tf.constant(v))
         for h, p in zip(res.velocity, res.pieces):  # momentum starts at rest, resumed runs too
@@ -122,15 +120,8 @@ class PSLoop(WorkerWatch):
         return lr
 
     def _checkpoint(self):
-        ckpt_dir = self.run_dir / "ckpt"
-        ckpt_dir.mkdir(exist_ok=True)
-        name = f"ckpt-{self.version:07d}.npz"
-        with files.atomic_path(ckpt_dir / name, ".npz") as tmp:
-            np.savez(tmp, **{f"w{i}": v for i, v in enumerate(self._values())})
-        files.write_json(
-            ckpt_dir / "latest.json", {"file": name, "version": self.version}, indent=1
-        )
-        self.log.write(Kind.CHECKPOINT, version=self.version, file=name)
+        ckpt = RunDir(self.run_dir).save_checkpoint(self.version, self._values())
+        self.log.write(Kind.CHECKPOINT, version=ckpt.version, file=ckpt.file)
         self.last_ckpt = self.version
         if self.cfg.evaluator:
             tf.raw_ops.QueueEnqueueV2(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.cluster.events import Kind, read_events
+from helpers.cluster.events import Kind
+from helpers.cluster.rundir import RunDir, last_attempt_window, ps_tasks
 
 
 class Run:
@@ -21,7 +22,7 @@ class Run:
     def events(self):
         """pandas DataFrame: one row per worker step and per PS update (and other events)."""
         if self._events is None:
-            self._events = read_events(self.dir)
+            self._events = RunDir(self.dir).events()
         return self._events
 
     @property
@@ -30,13 +31,14 @@ class Run:
         return float(self.results["ps:0"]["test_accuracy"])
 
     def training_window(self) -> tuple[float, float]:
-        """Wall-clock start and end of training: from the workers' joining (after the
-        warm-up, which traces the step functions) to the last update."""
-        ev = self.events
-        return (
-            float(ev[ev.kind == Kind.JOINED].t.max()),
-            float(ev[ev.kind == Kind.UPDATE].t.max()),
-        )
+        """Wall-clock start and end of this run's training: from the workers' joining (after
+        the warm-up, which traces the step functions) to the last update."""
+        return last_attempt_window(self.events)
+
+    @property
+    def ps_tasks(self) -> int:
+        """How many PS tasks held the parameters."""
+        return ps_tasks(self.events)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds each process used while the run trained (`training_window`)."""

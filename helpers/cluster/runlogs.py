@@ -7,26 +7,18 @@ helpers.training.baseline_sgd.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from helpers.cluster.events import Kind
-
-
-def _start_time(run) -> float:
-    """Wall time at which training started: the PS's 'joined' event (all workers warm)."""
-    ev = run.events
-    joined = ev[ev.kind == Kind.JOINED]
-    return float(joined.t.iloc[0] if len(joined) else ev.t.min())
+from helpers.cluster.rundir import RunDir, time_zero
 
 
 def steps(run) -> pd.DataFrame:
     """Worker steps with `elapsed` seconds since training started."""
     ev = run.events
     st = ev[ev.kind == Kind.STEP].copy()
-    st["elapsed"] = st.t - _start_time(run)
+    st["elapsed"] = st.t - time_zero(run.events)
     st["worker"] = st.worker.astype(int)
     return st.reset_index(drop=True)
 
@@ -35,7 +27,7 @@ def updates(run) -> pd.DataFrame:
     """PS updates with `elapsed` seconds and the mean training loss of recent worker steps."""
     ev = run.events
     up = ev[ev.kind == Kind.UPDATE].copy()
-    up["elapsed"] = up.t - _start_time(run)
+    up["elapsed"] = up.t - time_zero(run.events)
     return up.reset_index(drop=True)
 
 
@@ -112,7 +104,7 @@ def eval_curve(run) -> pd.DataFrame:
     ckpts = ev[ev.kind == Kind.CHECKPOINT][["t", "version"]]
     evals = ev[ev.kind == Kind.EVAL][["t", "version", "test_accuracy"]]
     curve = evals.merge(ckpts, on="version", suffixes=("_eval", "_ckpt"))
-    curve["elapsed"] = curve.t_ckpt - _start_time(run)
+    curve["elapsed"] = curve.t_ckpt - time_zero(run.events)
     curve["lag_s"] = curve.t_eval - curve.t_ckpt
     curve["version"] = curve.version.astype(int)
     curve = curve[curve.elapsed >= 0].sort_values("version")
@@ -136,11 +128,10 @@ def test_curve(run) -> pd.DataFrame:
     _, _, x_te, y_te, _ = arrays.load_arrays(cfg.data, 1, cfg.test_size, cfg.seed)
     classes = int(y_te.max()) + 1
     model = models.build(cfg.model, x_te.shape[1:], classes, cfg.seed)
-    start, rows = _start_time(run), []
+    start, rows, record = time_zero(run.events), [], RunDir(run.dir)
     for t, version, file in zip(ckpts.t, ckpts.version, ckpts.file):
-        with np.load(Path(run.dir) / "ckpt" / file) as f:
-            for i, var in enumerate(model.trainable_variables):
-                var.assign(f[f"w{i}"])
+        for var, value in zip(model.trainable_variables, record.load_checkpoint(file)):
+            var.assign(value)
         logits = np.asarray(model(x_te, training=False), dtype=np.float64)
         logits -= logits.max(axis=1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))

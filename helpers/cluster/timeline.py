@@ -16,6 +16,7 @@ import pandas as pd
 
 from helpers.cluster.dashboard import COLOURS, PHASE_COLOURS
 from helpers.cluster.events import Kind, StepStamps
+from helpers.cluster.rundir import first_start, time_zero
 from helpers.files import atomic_path
 
 PHASES = tuple(PHASE_COLOURS)  # wait, pull, compute, push, delay
@@ -86,15 +87,6 @@ def marks(events: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _origin(events) -> float:
-    """Time zero: when every worker had joined (set up and warmed up), else the PS's start."""
-    for kind in (Kind.JOINED, Kind.START):
-        found = events[events.kind == kind]
-        if len(found):
-            return float(found.t.min())
-    return float(events.t.min())
-
-
 def plot(
     events: pd.DataFrame,
     start: float | str = 0.0,
@@ -116,7 +108,7 @@ def plot(
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    t0 = _origin(events)
+    t0 = time_zero(events)
     sp, mk = spans(events), marks(events)
     end = (
         max(sp.end.max() if len(sp) else events.t.max(), mk.t.max() if len(mk) else -float("inf"))
@@ -184,7 +176,7 @@ def phase_shares(events: pd.DataFrame) -> pd.DataFrame:
     while the others still set up is set-up, not training.
     """
     sp = spans(events)
-    start = sp.start.clip(lower=_origin(events))
+    start = sp.start.clip(lower=time_zero(events))
     seconds = (sp.end - start).clip(lower=0.0).groupby([sp.worker, sp.phase]).sum()
     seconds = seconds.unstack(fill_value=0.0)
     seconds = seconds.reindex(columns=[p for p in PHASES if p in seconds.columns])
@@ -199,8 +191,7 @@ def to_chrome_trace(events: pd.DataFrame, path: Path | str, name: str = "run") -
     Times are microseconds since the PS started the run (before the workers' set-up, so that
     every event has a time >= 0; the plot's time zero, when all had joined, comes later).
     """
-    start = events[events.kind == Kind.START]
-    t0 = float(start.t.min()) if len(start) else _origin(events)
+    t0 = first_start(events)
     trace = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": name}},
         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 0, "args": {"name": "PS"}},
