@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # The Python versions students have besides the main one (.venv): for each that this machine
-# provides, build an environment from the same pinned pyproject.toml and run the fast tests
-# and notebook 05 in quick mode. The full notebooks stay on the main version.
-# Usage: bash .ci/other-pythons.sh [3.12 3.13 ...]; exits non-zero if any version fails.
-# The environments install side by side (mostly downloads); the tests run one version at a time.
+# provides, build an environment from the same pinned pyproject.toml and run the fast tests,
+# a kernel under nbval (notebook 00) and a cluster smoke test (sync, SSP and async Downpour on
+# one PS task, with their event-log invariants). The full notebooks stay on the main version.
+# Usage: bash .ci/other-pythons.sh [--install-only | --test-only] [3.12 3.13 ...]; exits
+# non-zero if any version fails. The environments install side by side (mostly downloads), so
+# CI starts --install-only in the background while the main tests run, then --test-only; the
+# tests run one version at a time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+phase=all
+case "${1:-}" in
+  --install-only) phase=install; shift ;;
+  --test-only) phase=test; shift ;;
+esac
 versions=("$@")
 [ $# -gt 0 ] || versions=(3.12 3.13)
 
@@ -31,7 +39,7 @@ install() {  # the pinned packages into .venv-$1 (interpreter $2); its pip log: 
     && "$venv/bin/python" -m pip install -q -r "$venv/requirements.txt" >> "$log" 2>&1
 }
 
-STEP_LIMIT=${STEP_LIMIT:-900}  # seconds: an install, the fast tests, or notebook 05
+STEP_LIMIT=${STEP_LIMIT:-900}  # seconds: an install, the fast tests, or the notebook and smoke
 start=$(date +%s)
 # CI's own clock: .ci/run exports when it began; past CI_BUDGET seconds from then no step
 # starts, so CI ends with a message naming what was left out rather than at its hard limit
@@ -45,20 +53,31 @@ limit() {  # seconds the next step may take: STEP_LIMIT, or what is left of the 
   fi
   echo $(( left < STEP_LIMIT ? left : STEP_LIMIT ))
 }
+# the cluster smoke test: three modes' event-log invariants on one PS task (one cluster)
+SMOKE=(
+  "test_async_downpour_trains_and_records_staleness[ps1]"
+  "test_sync_averages_exactly_n_gradients_of_the_current_version[ps1]"
+  "test_ssp_gap_never_exceeds_staleness[ps1]"
+)
 status=0
 declare -A pids
+ready=()
 for v in "${versions[@]}"; do
   py=$(find_python "$v")
   if [ -z "$py" ]; then
     echo "python $v: skipped, no interpreter on this machine (python$v or pyenv)"
     continue
   fi
+  if [ "$phase" = test ]; then  # installed by an earlier --install-only, which said how it went
+    if [ -f ".venv-$v/.installed" ]; then ready+=("$v"); else
+      echo "python $v: not installed (see .venv-$v-pip.log)" >&2; status=1; fi
+    continue
+  fi
   echo "python $v: $("$py" --version 2>&1) at $py; installing into .venv-$v"
   secs=$(limit "python $v's install") || { status=1; continue; }
-  timeout --kill-after=20 "$secs" bash -c "$(declare -f install); install $v $py" &
+  timeout --kill-after=20 "$secs" bash -c "$(declare -f install); install $v $py && touch .venv-$v/.installed" &
   pids[$v]=$!
 done
-ready=()
 for v in "${!pids[@]}"; do
   if wait "${pids[$v]}"; then
     ready+=("$v")
@@ -68,7 +87,8 @@ for v in "${!pids[@]}"; do
     status=1
   fi
 done
-echo "installed ${ready[*]:-nothing} in $(( $(date +%s) - start )) s"
+[ "$phase" = test ] || echo "installed ${ready[*]:-nothing} in $(( $(date +%s) - start )) s"
+[ "$phase" != install ] || exit $status
 
 for v in $(printf '%s\n' "${ready[@]}" | sort); do
   t=$(date +%s)
@@ -79,7 +99,7 @@ for v in $(printf '%s\n' "${ready[@]}" | sort); do
   fi
   # each step has a deadline (several times what it takes here), so that a hang fails with
   # its name in the log instead of using up CI's whole budget
-  echo "python $v: fast tests, then notebook 05 (quick)"
+  echo "python $v: fast tests, then notebook 00 under nbval and the cluster smoke test"
   if secs=$(limit "python $v's fast tests"); then
     timeout --kill-after=20 "$secs" ".venv-$v/bin/python" -m pytest -q -m "not slow" tests \
       || { echo "python $v: the fast tests failed (or ran past $secs s)" >&2; status=1; }
@@ -87,11 +107,11 @@ for v in $(printf '%s\n' "${ready[@]}" | sort); do
     status=1
   fi
   echo "python $v: fast tests done after $(( $(date +%s) - t )) s"
-  if secs=$(limit "python $v's notebook 05"); then
+  if secs=$(limit "python $v's notebook 00 and cluster smoke test"); then
     LABS_QUICK=1 timeout --kill-after=20 "$secs" ".venv-$v/bin/python" -m pytest -q \
-      --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
-      notebooks/05_parameter_server.ipynb \
-      || { echo "python $v: notebook 05 failed (or ran past $secs s)" >&2; status=1; }
+      --nbval-lax --nbval-current-env --nbval-cell-timeout=300 notebooks/00_index.ipynb \
+      "${SMOKE[@]/#/tests/test_cluster_integration.py::}" \
+      || { echo "python $v: notebook 00 or the cluster smoke test failed (or ran past $secs s)" >&2; status=1; }
   else
     status=1
   fi
