@@ -15,12 +15,17 @@ RUN_TIMES_FILE = "run_times.json"
 _TRUE = {"1", "true", "yes", "on"}
 
 
+def run_times_path(folder: Path | None = None) -> Path:
+    """Where the measured run times of the notebooks in `folder` (default notebooks/) lie."""
+    return Path(folder or REPO_ROOT / "notebooks") / RUN_TIMES_FILE
+
+
 def run_times(folder: Path | None = None) -> dict:
     """Per notebook and mode, what `make run` measured (RUN_TIMES_FILE in `folder`, by default
     notebooks/): wall time, cores, date, peak memory; {} before the first measurement."""
     import json
 
-    path = Path(folder or REPO_ROOT / "notebooks") / RUN_TIMES_FILE
+    path = run_times_path(folder)
     return json.loads(path.read_text()) if path.is_file() else {}
 
 

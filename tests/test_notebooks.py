@@ -9,6 +9,7 @@ import sys
 import nbformat
 import pytest
 
+from helpers import config
 from helpers.config import REPO_ROOT
 from tools import make_index
 from tools.notebooks import NOTEBOOK_DIR, notebook_paths, read, tags, title_and_objectives
@@ -87,7 +88,7 @@ def test_stale_table_of_contents_is_detected(tmp_path):
 
 
 def test_run_times_are_measured_for_every_notebook_in_both_modes():
-    times = make_index.run_times()
+    times = config.run_times()
     for path in NOTEBOOKS:
         assert {"full", "quick"} <= set(times.get(path.stem, {})), (
             f"{path.stem}: run it with `make run` and "
@@ -102,7 +103,7 @@ def test_a_new_measurement_makes_the_run_time_line_stale(tmp_path):
     shutil.copytree(NOTEBOOK_DIR, folder)
     assert make_index.main(["--check", "--folder", str(folder)]) == 0
     lesson = LESSONS[0].stem
-    record_run_time(lesson, "full", 7540.0, folder / make_index.RUN_TIMES)  # no lesson's figure
+    record_run_time(lesson, "full", 7540.0, folder)  # no lesson's figure
     assert make_index.main(["--check", "--folder", str(folder)]) == 1
     assert make_index.main(["--folder", str(folder)]) == 0
     header = read(folder / f"{lesson}.ipynb").cells[0].source

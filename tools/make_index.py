@@ -26,7 +26,6 @@ from helpers import config
 from tools.notebooks import NOTEBOOK_DIR, notebook_paths, read, tags, title_and_objectives
 
 INDEX = "00_index.ipynb"
-RUN_TIMES = config.RUN_TIMES_FILE
 RUN_TIME_LINE = re.compile(r"^\*\*Expected run time:\*\*.*$", re.M)
 
 
@@ -36,10 +35,6 @@ def minutes(seconds: float) -> str:
         return "under 1 min"
     m = seconds / 60
     return f"~{m:.1f} min" if m < 3 else f"~{m:.0f} min"
-
-
-def run_times(folder: Path = NOTEBOOK_DIR) -> dict:
-    return config.run_times(folder)
 
 
 def run_time_summary(measured: dict) -> str:
@@ -68,7 +63,7 @@ def run_time_line(measured: dict) -> str | None:
 
 def toc_markdown(folder: Path = NOTEBOOK_DIR) -> str:
     """The table of contents, one row per lesson notebook."""
-    times = run_times(folder)
+    times = config.run_times(folder)
     rows = [
         "## Contents",
         "",
@@ -96,7 +91,7 @@ MEASURED = re.compile(r"(<!-- measured: begin -->\n).*?(<!-- measured: end -->)"
 
 def measured_table(folder: Path = NOTEBOOK_DIR) -> str:
     """The README's table of what each notebook costs: wall time and peak memory per mode."""
-    times = run_times(folder)
+    times = config.run_times(folder)
     rows = [
         "| notebook | wall time (full, quick) | peak memory, full | peak memory, quick "
         "| largest process | processes at the peak (full) |",
@@ -147,7 +142,7 @@ def toc_cell(nb):
 
 def stale_headers(folder: Path = NOTEBOOK_DIR) -> dict[Path, str]:
     """{notebook: its first cell with a fresh run-time line} for each whose line is stale."""
-    times, out = run_times(folder), {}
+    times, out = config.run_times(folder), {}
     for path in notebook_paths(folder):
         line = run_time_line(times.get(path.stem, {}))
         first = read(path).cells[0]

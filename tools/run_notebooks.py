@@ -33,29 +33,28 @@ from tqdm import tqdm
 from traitlets.config import Config
 
 import helpers  # noqa: F401  (sets the kernels' TF log level: they inherit os.environ)
+from helpers import config
 from helpers.files import atomic_path
 from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
 BUILD = Path(__file__).resolve().parent.parent / "build"
-# Each lesson's measured wall time per mode, written after every successful run; `make index`
-# turns it into the "Expected run time" line of each notebook and the index (never typed).
-RUN_TIMES = NOTEBOOK_DIR / "run_times.json"
 
 
 def record_run_time(
-    name: str, mode: str, seconds: float, path: Path = RUN_TIMES, memory: dict | None = None
+    name: str, mode: str, seconds: float, folder: Path = NOTEBOOK_DIR, memory: dict | None = None
 ) -> None:
-    """Store one notebook's measured wall time for `mode` ("full" or "quick") in `path`, and
-    its peak memory (`MemoryPeak.summary()`) when given."""
-    times = json.loads(path.read_text()) if path.is_file() else {}
+    """Store one notebook's measured wall time for `mode` ("full" or "quick") in the run times
+    of `folder` (config.run_times_path), and its peak memory (`MemoryPeak.summary()`) when
+    given; `make index` turns them into each notebook's "Expected run time" line."""
+    times = config.run_times(folder)
     times.setdefault(name, {})[mode] = {
         "seconds": round(seconds, 1),
         "cores": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d"),
         **(memory or {}),
     }
-    with atomic_path(path) as tmp:
+    with atomic_path(config.run_times_path(folder)) as tmp:
         tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
 
 
@@ -218,7 +217,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--record-times",
         action="store_true",
-        help=f"store each successful notebook's wall time in {RUN_TIMES.name}",
+        help=f"store each successful notebook's wall time in {config.RUN_TIMES_FILE}",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -236,7 +235,7 @@ def main(argv=None) -> int:
         results.append((path.name, status, seconds, error, peak))
         print(f"  {status} in {seconds:.0f} s, peak memory {peak} {error}", flush=True)
         if status == "ok" and args.record_times:
-            record_run_time(path.stem, mode, seconds, args.dir / RUN_TIMES.name, memory)
+            record_run_time(path.stem, mode, seconds, args.dir, memory)
         if status == "INTERRUPTED":
             break
     print(

@@ -14,7 +14,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from tools.make_index import run_times
+from helpers.config import run_times
 
 UNMEASURED_S = 60.0  # a lesson with no measurement yet counts as this many seconds
 
