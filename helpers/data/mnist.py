@@ -16,9 +16,9 @@ def load_mnist():
 def load_mnist_rows(split: str, rows) -> np.ndarray:
     """Only these rows of MNIST's images (uint8, shape (len(rows), 28, 28)), in this order.
 
-    The images are streamed out of the compressed .npz in 1 MB chunks, so the whole split
-    (47 MB for train) is never in memory at once: the cluster's processes each need a few
-    thousand rows, and a full decompression added ~56 MB to every process's peak memory.
+    The images are streamed out of the compressed .npz in 1 MB chunks, so the whole split is
+    never in memory at once: the cluster's processes each need a few thousand rows, and a full
+    decompression would add the split's size to every process's peak memory.
     """
     import zipfile
 

@@ -1,18 +1,13 @@
 """Train LeNet under MirroredStrategy, one configuration per child process.
 
-Notebook 04 compares many (replicas, batch, learning rate) configurations. Trained with Keras
-under a MirroredStrategy, they crashed TensorFlow 2.21's runtime now and then (SIGSEGV in a
-compute thread), more often the busier the machine. The trigger (bench/mirrored_crash_repro.py,
-with faulthandler stacks of the crashed processes): under a strategy, Keras' `evaluate` and
-`fit` first pull one batch through a fresh distributed iterator and drop it at once, and
-dropping it while its prefetch is in flight lets a TF thread run through freed memory. So the
-test accuracy here comes from plain forward passes (`models.accuracy`), not `evaluate`. And
-every configuration runs in its own process (`python -m helpers.training.mirrored job.json`): it
-sets up
-exactly the devices it needs, trains, measures its own CPU% and peak memory, and prints one
-JSON line. A process killed by a signal costs one configuration: it is reported with its
-Python stack (faulthandler) and run once more. The process plumbing (dying with the parent,
-one process group, log tails) is helpers/system/processes.py.
+Notebook 04 compares many (replicas, batch, learning rate) configurations. Every
+configuration runs in its own process (`python -m helpers.training.mirrored job.json`): it
+sets up exactly the devices it needs, trains, measures its own CPU% and peak memory, and prints
+one JSON line. A process killed by a signal costs one configuration: it is reported with its
+Python stack (faulthandler) and run once more. Test accuracy comes from plain forward passes
+(`models.accuracy`), not Keras' `evaluate`, which under a strategy can crash TensorFlow's
+runtime (bench/mirrored_crash_repro.py reproduces it and says why). The process plumbing
+(dying with the parent, one process group, log tails) is helpers/system/processes.py.
 
 What the lesson is about, the strategy and its scope, is `train_one_config` below: short
 enough to read with `mirrored.train_one_config??`.
@@ -228,9 +223,7 @@ def train_one_config(spec: dict) -> dict:
             out["epoch_s"].append(timer.seconds)
             out["examples"].append(m)
             if spec["evaluate"] == "epoch" or epoch == len(batches) - 1:
-                # not model.evaluate: under a strategy it builds a distributed iterator, pulls
-                # one batch and drops it, and dropping it mid-prefetch can crash TF (see
-                # bench/mirrored_crash_repro.py); plain forward passes need no iterator
+                # not model.evaluate (bench/mirrored_crash_repro.py): forward passes only
                 out["test_acc"].append(accuracy(model, xt, yt, batch=1000))
     return {**out, **monitor.summary()[os.getpid()]}
 

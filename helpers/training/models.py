@@ -67,8 +67,8 @@ def accuracy_fn(model, x, y, batch: int = 250):
 
     Returns a no-argument function giving the model's current accuracy on (x, y). The batch
     loop runs inside one tf.function call: the cluster's evaluator scores every checkpoint,
-    and the eager loop cost it ~7x the CPU (logreg on 2,000 images: 10 ms against 1.4),
-    CPU the workers it shares the cores with need. Traced here, not at the first checkpoint.
+    and an eager loop would take CPU from the workers it shares the cores with. Traced here,
+    not at the first checkpoint.
     """
     import tensorflow as tf
 
