@@ -44,16 +44,20 @@ PHASE_COLOURS = {
 def render_html(state: RunState, now: float | None = None) -> str:
     """The frame as HTML that needs nothing else (a table and an inline SVG plot; no scripts)."""
     f = state.frame(now)
-    ps = f["ps"]
+    ps_stats = f["ps"]
     head = (
         f"<b>{html.escape(f['mode'])}</b>"
         + (f" (bound s={f['bound']})" if f["bound"] is not None else "")
-        + f" &middot; {ps['elapsed_s']:.1f} s &middot; PS version "
-        f"{_fmt(ps['version'])}, {ps['updates']}/{ps['of']} updates, "
-        f"{ps['updates/s']:.0f}/s"
-        + ("" if ps["pending pushes"] is None else f", pushes held: {ps['pending pushes']}")
-        + f", {ps['drops']} dropped"
-        + ("" if ps["folds"] is None else f", {ps['folds']} folded")
+        + f" &middot; {ps_stats['elapsed_s']:.1f} s &middot; PS version "
+        f"{_fmt(ps_stats['version'])}, {ps_stats['updates']}/{ps_stats['of']} updates, "
+        f"{ps_stats['updates/s']:.0f}/s"
+        + (
+            ""
+            if ps_stats["pending pushes"] is None
+            else f", pushes held: {ps_stats['pending pushes']}"
+        )
+        + f", {ps_stats['drops']} dropped"
+        + ("" if ps_stats["folds"] is None else f", {ps_stats['folds']} folded")
         + (" &middot; <b>finished</b>" if f["finished"] else "")
         + (" &middot; workers warming up" if f["warming up"] else "")
         + (
@@ -167,13 +171,14 @@ def _svg(state: RunState, width=340, height=170, pad=30) -> str:
 def render_text(state: RunState, now: float | None = None) -> str:
     """The frame as one line of plain text."""
     f = state.frame(now)
-    ps = f["ps"]
+    ps_stats = f["ps"]
     workers = "; ".join(f"w{r['worker']} {r['clock']} {r['doing']}" for r in f["workers"])
     return (
-        f"[{f['mode']} {ps['elapsed_s']:.1f} s] PS"
+        f"[{f['mode']} {ps_stats['elapsed_s']:.1f} s] PS"
         + (" (stopped)" if f["ps stopped"] else "")
-        + f" v{_fmt(ps['version'])} "
-        f"({ps['updates']}/{ps['of']}, {ps['updates/s']:.0f}/s, {ps['drops']} dropped) "
+        + f" v{_fmt(ps_stats['version'])} "
+        f"({ps_stats['updates']}/{ps_stats['of']}, {ps_stats['updates/s']:.0f}/s, "
+        f"{ps_stats['drops']} dropped) "
         f"| {workers}"
     )
 
