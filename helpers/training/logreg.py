@@ -109,19 +109,49 @@ def train(
     """
     from tqdm.auto import tqdm
 
+    _check(splits, epochs, batch_size)
+    with tf.device(model.device):
+        tensors = {
+            s: (tf.constant(x, tf.float32), tf.constant(y, tf.int64))
+            for s, (x, y) in splits.items()
+        }
+    sgd_step, evaluate = _compiled(model, tensors["train"], schedule)
+    history = History(log_dir=str(log_dir) if log_dir is not None else None)
+    writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
+    rng = np.random.default_rng(seed)
+    n, step = int(tensors["train"][0].shape[0]), 0
+    try:
+        for epoch in tqdm(range(epochs), desc="epochs", disable=not progress, leave=False):
+            order = rng.permutation(n)
+            for start in range(0, n, batch_size):
+                idx = tf.constant(order[start : start + batch_size])
+                loss, lr = (float(v) for v in sgd_step(idx, tf.constant(step, tf.int64)))
+                history.step_lr.append(lr)
+                history.step_loss.append(loss)
+                if writer is not None and step % 10 == 0:
+                    with writer.as_default():
+                        log_scalar("learning_rate", lr, step)
+                        log_scalar("batch_loss", loss, step)
+                step += 1
+            _evaluate_splits(evaluate, tensors, history, writer, epoch)
+    finally:
+        if writer is not None:
+            writer.close()
+    return history
+
+
+def _check(splits: dict, epochs, batch_size) -> None:
     if "train" not in splits:
         raise ValueError(f"splits needs a 'train' entry, got {sorted(splits)}")
     if not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    with tf.device(model.device):
-        tensors = {
-            s: (tf.constant(x, tf.float32), tf.constant(y, tf.int64))
-            for s, (x, y) in splits.items()
-        }
-    x_train, y_train = tensors["train"]
-    n = int(x_train.shape[0])
+
+
+def _compiled(model: SoftmaxRegression, train, schedule):
+    """The SGD step on a batch of training rows (by index) and the evaluation of a split."""
+    x_train, y_train = train
     # Signatures with a free batch dimension: one trace serves every batch and every split
     # (the last, smaller batch and dev/test would otherwise each trace again).
     batch_x = tf.TensorSpec([None, x_train.shape[1]], tf.float32)
@@ -141,39 +171,19 @@ def train(
             acc = tf.reduce_mean(tf.cast(tf.equal(model.predict(x), y), tf.float32))
         return loss, acc
 
-    history = History(log_dir=str(log_dir) if log_dir is not None else None)
-    writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
-    rng = np.random.default_rng(seed)
-    step = 0
-    try:
-        for epoch in tqdm(range(epochs), desc="epochs", disable=not progress, leave=False):
-            order = rng.permutation(n)
-            for start in range(0, n, batch_size):
-                loss, lr = (
-                    float(v)
-                    for v in sgd_step(
-                        tf.constant(order[start : start + batch_size]), tf.constant(step, tf.int64)
-                    )
-                )
-                history.step_lr.append(lr)
-                history.step_loss.append(loss)
-                if writer is not None and step % 10 == 0:
-                    with writer.as_default():
-                        log_scalar("learning_rate", lr, step)
-                        log_scalar("batch_loss", loss, step)
-                step += 1
-            for split, (x, y) in tensors.items():
-                loss, acc = (float(v) for v in evaluate(x, y))
-                history.epoch.setdefault(f"{split}_loss", []).append(loss)
-                history.epoch.setdefault(f"{split}_acc", []).append(acc)
-                if writer is not None:
-                    with writer.as_default():
-                        log_scalar(f"{split}/loss", loss, epoch + 1)
-                        log_scalar(f"{split}/accuracy", acc, epoch + 1)
-    finally:
+    return sgd_step, evaluate
+
+
+def _evaluate_splits(evaluate, tensors: dict, history: History, writer, epoch: int) -> None:
+    """Loss and accuracy of every split after an epoch, into the history (and TensorBoard)."""
+    for split, (x, y) in tensors.items():
+        loss, acc = (float(v) for v in evaluate(x, y))
+        history.epoch.setdefault(f"{split}_loss", []).append(loss)
+        history.epoch.setdefault(f"{split}_acc", []).append(acc)
         if writer is not None:
-            writer.close()
-    return history
+            with writer.as_default():
+                log_scalar(f"{split}/loss", loss, epoch + 1)
+                log_scalar(f"{split}/accuracy", acc, epoch + 1)
 
 
 def metrics_table(y_true, y_pred) -> dict:
