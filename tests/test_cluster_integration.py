@@ -609,6 +609,60 @@ def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when
         end_parent_and_pids(parent, pids)  # by PID, whatever the test found
 
 
+HUNG_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from helpers.cluster import LocalCluster
+    c = LocalCluster(workers=1, isolate="auto", stall_timeout=600).start()
+    pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
+    print(json.dumps({"pids": pids, "hung": c.pids[sys.argv[1]]}), flush=True)
+    fault = "ps" if sys.argv[1] == "ps:0" else 0
+    c.train(mode="async", steps=10**6, train_size=6000, test_size=2000, progress=False,
+            faults={fault: {"kind": "hang", "at": 10}}, run_id="orphan-hung")
+""")
+
+
+def _stopped(pid) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
+@pytest.mark.parametrize("hung", ["ps:0", "worker:0"])
+def test_a_hung_node_goes_with_its_sigkilled_launcher(shared_data, tmp_path, hung, pdeathsig):
+    """A node stopped by the hang fault runs neither its lifeline watcher nor a SIGTERM: it
+    still ends within 10 s of its launcher's SIGKILL, with prctl and with the lifeline alone."""
+    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path), LABS_PDEATHSIG=pdeathsig)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", HUNG_SCRIPT, hung],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    pids = []
+    try:
+        line = parent.stdout.readline()
+        assert line, "the launcher script died before starting its cluster"
+        started = json.loads(line)
+        pids = started["pids"]
+        deadline = time.monotonic() + 120
+        while not _stopped(started["hung"]):
+            assert time.monotonic() < deadline and parent.poll() is None, "no hang fault"
+            time.sleep(0.2)
+        nodes = [psutil.Process(p) for p in pids]
+        pids += [c.pid for n in nodes for c in n.children(recursive=True)]  # anything they started
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        survivors = psutil.wait_procs(
+            [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10
+        )[1]
+        assert survivors == [], f"left running: {[(p.pid, p.status()) for p in survivors]}"
+    finally:
+        end_parent_and_pids(parent, pids)  # by PID, whatever the test found
+
+
 def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
     """worker_timeout: a standalone PS whose worker never comes fails with a clear error."""
     reason = netns.unavailable_reason()

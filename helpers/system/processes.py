@@ -66,6 +66,7 @@ def child_setup() -> None:
 
 
 _lifeline: tuple[int, int, int] | None = None  # (read fd, write fd, pid that made them)
+_watched_fd: int | None = None  # the read end of the lifeline this process watches (its parent's)
 
 
 def _lifeline_fd() -> int:
@@ -130,6 +131,8 @@ def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
     except OSError:  # not passed down after all: nothing to watch
         return False
     os.set_inheritable(fd, False)  # this process's own children get a lifeline of their own
+    global _watched_fd
+    _watched_fd = fd
 
     def watch():
         try:
@@ -143,19 +146,64 @@ def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
     return True
 
 
-def die_with_parent(parent_pid: int | None, sig: int = signal.SIGTERM) -> None:
+def die_with_parent(parent_pid: int | None, sig: int = signal.SIGKILL) -> None:
     """Called by a child itself, first thing: end when the parent dies, or now if it has.
 
     Watches the lifeline that `spawn` passed down (any POSIX system; the child then gets
     SIGKILL, with its process group), and on Linux also asks for `sig` by prctl, which
-    `nsenter` and `unshare` clear when they start the child. TF's
-    MultiWorkerMirroredStrategy catches SIGTERM and carries on, so its tasks ask for SIGKILL.
+    `nsenter` and `unshare` clear when they start the child. SIGKILL, because a stopped
+    process (see `hang`) keeps a SIGTERM pending until it is continued, and TF's
+    MultiWorkerMirroredStrategy catches SIGTERM and carries on.
     `parent_pid` catches a parent that died before this call.
     """
     watch_lifeline()
     _set_parent_death_signal(sig)
     if parent_pid and os.getppid() != parent_pid:
         os._exit(1)
+
+
+# A stopped process's guard: SIGKILL process (group) PID when the lifeline read end FD reads
+# end-of-file (the parent of both is gone); end once PID has ended. Standard library only.
+_GUARD = """
+import os, select, signal, sys
+fd, pid = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    if select.select([fd], [], [], 0.2)[0] and not os.read(fd, 1):
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        break
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+"""
+_guards: list[subprocess.Popen] = []
+
+
+def hang(pid: int) -> None:
+    """Stop process `pid` with SIGSTOP, a hung process: it keeps its sockets open and answers
+    nothing, until it is continued or killed.
+
+    A stopped process runs neither its lifeline watcher nor a pending SIGTERM, so when `pid`
+    is a child of this process, or of this process's parent (a node stopping itself or a
+    sibling), a guard process is started first: it holds the lifeline that ends with `pid`'s
+    parent and SIGKILLs `pid`'s process group when that parent dies, on any POSIX system; it
+    exits by itself once `pid` has ended.
+    """
+    import psutil
+
+    _guards[:] = [g for g in _guards if g.poll() is None]  # reap the guards that have exited
+    parent = psutil.Process(pid).ppid()
+    fd = _lifeline_fd() if parent == os.getpid() else _watched_fd
+    if fd is not None and (parent == os.getpid() or parent == os.getppid()):
+        cmd = [sys.executable, "-I", "-S", "-c", _GUARD, str(fd), str(pid)]
+        _guards.append(
+            subprocess.Popen(cmd, pass_fds=(fd,), start_new_session=True, stdin=subprocess.DEVNULL)
+        )
+    os.kill(pid, signal.SIGSTOP)
 
 
 _NAMES = itertools.count()
