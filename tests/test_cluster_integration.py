@@ -531,6 +531,7 @@ def test_lost_workers_give_clear_errors_in_sync_and_backup(small_cluster):
 
 
 def test_hung_ps_trips_the_stall_watchdog(small_cluster):
+    pids = list(small_cluster.pids.values())
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"no progress for 10 s.*ps:0") as err:
         small_cluster.train(mode="async", faults={"ps": {"kind": "hang", "at": 20}}, **COMMON)
@@ -538,6 +539,7 @@ def test_hung_ps_trips_the_stall_watchdog(small_cluster):
     assert "(this run) ---" in str(err.value) and "died" not in str(err.value)
     assert time.monotonic() - t0 < 60
     assert small_cluster.procs == {}  # torn down
+    assert not any(psutil.pid_exists(p) for p in pids)  # the stopped PS included, by PID
 
 
 ORPHAN_SCRIPT = textwrap.dedent("""

@@ -3,6 +3,7 @@
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -194,6 +195,22 @@ def test_a_lifeline_inherited_from_a_grandparent_is_not_watched():
         stdin=subprocess.DEVNULL,
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_end_all_ends_a_stopped_child_at_once(tmp_path):
+    """SIGTERM then SIGCONT: a stopped child acts on the SIGTERM without the grace period."""
+    procs, _ = _child(tmp_path, "stopped", "import time; time.sleep(300)")
+    child = procs["stopped"]
+    os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while psutil.Process(child.pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    ended = end_all([child], timeout=10.0)
+    assert time.monotonic() - t0 < 5.0
+    assert ended["stopped"]["how"] == "killed by SIGTERM"
+    assert not psutil.pid_exists(child.pid)
 
 
 # A parent that starts one child with `spawn` and waits to be killed. WHO=child: the child

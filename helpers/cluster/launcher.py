@@ -27,7 +27,14 @@ from helpers.cluster.events import EventTail, Kind
 from helpers.cluster.run import Run
 from helpers.system import netns, resources
 from helpers.system.control import Cmd, Event, command
-from helpers.system.processes import ChildProcess, free_ports, log_section, unique_name
+from helpers.system.processes import (
+    ChildProcess,
+    end_all,
+    free_ports,
+    hang,
+    log_section,
+    unique_name,
+)
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 _COUNTER = itertools.count()
@@ -198,15 +205,15 @@ class LocalCluster:
             raise
 
     def stop(self) -> None:
-        """End every process of the cluster (idempotent)."""
+        """End every process of the cluster at once (idempotent): ask each to exit, then the
+        teardown every launcher shares (end_all), stopped processes included."""
         for proc in self.procs.values():
             if proc.popen.poll() is None:
                 try:
                     proc.send(command(Cmd.EXIT))
                 except (BrokenPipeError, OSError, ValueError):
                     pass
-        for proc in self.procs.values():
-            proc.kill()
+        end_all(self.procs.values())
         self.procs.clear()
         self.network.stop()
         _LIVE.discard(self)
@@ -217,8 +224,12 @@ class LocalCluster:
         return {name: p.pid for name, p in self.procs.items()}
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
-        """Send a signal to one process of the cluster (fault injection by hand)."""
-        os.kill(self.procs[name].pid, sig)
+        """Send a signal to one process of the cluster (fault injection by hand); SIGSTOP
+        stops it as the hang fault does, so that it still ends with this process."""
+        if sig == signal.SIGSTOP:
+            hang(self.procs[name].pid)
+        else:
+            os.kill(self.procs[name].pid, sig)
 
     # ------------------------------------------------------------------ waiting
     def _fail(self, what: str, name: str | None):

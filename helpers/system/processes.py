@@ -311,8 +311,7 @@ class ChildProcess:
 
     def kill(self, timeout: float = 5.0) -> None:
         """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
-        self.terminate()
-        self.reap(timeout)
+        end_all([self], timeout)
 
     def reap(self, timeout: float) -> None:
         """Wait up to `timeout` s for the process to end, SIGKILL its group if it has not,
@@ -330,8 +329,10 @@ class ChildProcess:
 
 
 def end_all(procs, timeout: float = 5.0) -> dict[str, dict]:
-    """End several children at once: SIGTERM every group first, then wait (SIGKILL after
-    `timeout`), so n children cost one grace period, not n.
+    """End several children at once, by PID: the teardown of every cluster. SIGTERM every
+    process group and SIGCONT it (a stopped process acts on the SIGTERM only once continued),
+    then wait, and SIGKILL the groups still there after `timeout`: n children cost one grace
+    period, not n.
 
     Returns, per child name, how it ended ("exited with code 0 before the teardown",
     "killed by SIGKILL", ...), when its stdout closed ("eof_at") and when it was gone."""
