@@ -19,6 +19,7 @@ from helpers.system.processes import (
     end_all,
     free_ports,
     log_tail,
+    messages,
     wait_for_results,
 )
 from tests.process_cleanup import end_parent_and_pids
@@ -67,6 +68,18 @@ def test_a_silent_child_times_out_and_its_group_is_killed(tmp_path):
     assert err.value.waiting == ["slow"]
     procs["slow"].kill()
     assert not psutil.pid_exists(procs["slow"].pid)
+
+
+def test_messages_yields_each_message_then_a_tick_when_none_comes():
+    """The one inbox loop: what the children sent, in order, and (None, {}) between."""
+    inbox = queue.Queue()
+    inbox.put(("a", {"event": "ready"}))
+    inbox.put(("b", {"event": "done"}))
+    stream = messages(inbox, every=0.05)
+    assert [next(stream), next(stream)] == [("a", {"event": "ready"}), ("b", {"event": "done"})]
+    t0 = time.monotonic()
+    assert next(stream) == (None, {})
+    assert 0.04 <= time.monotonic() - t0 < 2.0
 
 
 def test_end_all_ends_children_together_and_says_how_each_ended(tmp_path):

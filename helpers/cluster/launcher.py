@@ -33,6 +33,7 @@ from helpers.system.processes import (
     free_ports,
     hang,
     log_section,
+    messages,
     unique_name,
 )
 
@@ -261,11 +262,9 @@ class LocalCluster:
             self._fail(f"{name} (pid {proc.pid}) {how} during {during}{hint}", name)
 
     def _next_message(self, deadline, during, waiting=(), tolerate_workers=False):
-        while True:
-            try:
-                return self.inbox.get(timeout=0.2)
-            except queue.Empty:
-                pass
+        for name, msg in messages(self.inbox):
+            if name is not None:
+                return name, msg
             self._check_deaths(during, tolerate_workers)
             if time.monotonic() > deadline:
                 slow = sorted(waiting)
@@ -340,16 +339,14 @@ class LocalCluster:
         t0 = time.perf_counter()
         with ResourceMonitor(list(self.pids.values()), interval=0.5, pss_every=2.0) as monitor:
             try:
-                while watch.waiting:
-                    try:
-                        name, msg = self.inbox.get(timeout=0.2)
-                    except queue.Empty:
-                        name, msg = None, {}
+                for name, msg in messages(self.inbox) if watch.waiting else ():
                     # a dead PS explains the workers' errors: name it first
                     self._check_deaths(cfg.mode, tolerate_workers=True)
                     watch.waiting -= {f"worker:{w}" for w in self.dead_workers}
                     self._route(cfg, watch, name, msg)
                     self._check_progress(cfg, watch)
+                    if not watch.waiting:
+                        break
             finally:
                 if watch.board:
                     watch.board.close(watch.tail.read())

@@ -352,6 +352,17 @@ def end_all(procs, timeout: float = 5.0) -> dict[str, dict]:
     return ended
 
 
+def messages(inbox: queue.Queue, every: float = 0.2):
+    """Yield each (name, message) the children put on `inbox` as it comes, and (None, {})
+    whenever `every` seconds pass without one: the one loop through which a parent reads its
+    children, checking on them (deaths, deadlines, progress) between messages."""
+    while True:
+        try:
+            yield inbox.get(timeout=every)
+        except queue.Empty:
+            yield None, {}
+
+
 class NoResult(RuntimeError):
     """A child ended, or the time ran out, before it reported its result."""
 
@@ -372,17 +383,15 @@ def wait_for_results(
     """
     waiting, results = set(names), {}
     deadline = time.monotonic() + timeout
-    while waiting:
-        try:
-            name, msg = inbox.get(timeout=0.2)
-        except queue.Empty:
-            name, msg = None, {}
+    for name, msg in messages(inbox) if waiting else ():
         if msg.get("event") == Event.DONE and name in waiting:
             results[name] = msg["result"]
             waiting.discard(name)
         elif msg.get("event") == Event.EOF and name not in results:  # stdout closed: it is ending
             procs[name].popen.wait()
             raise NoResult(name, procs[name].died(), sorted(waiting))
-        if waiting and time.monotonic() > deadline:
+        if not waiting:
+            break
+        if time.monotonic() > deadline:
             raise NoResult(sorted(waiting)[0], f"timed out after {timeout:.0f} s", sorted(waiting))
     return results
