@@ -3,8 +3,7 @@
 The cluster engine (`cluster.launcher`), TF_CONFIG clusters (`cluster.tfconfig`), the private
 network namespace (`system.netns`), the PS demo (`cluster.psdemo`) and notebook 04's one process
 per configuration (`training.mirrored`) all start Python children that must end with their parent,
-report
-on stdout and be ended by PID. This module is that plumbing, in one place:
+report on stdout and be ended by PID. This module is that plumbing, in one place:
 
 - `spawn` / `die_with_parent`: a child ends within a second of its parent's death, on any
   POSIX system, mid-run too. The portable mechanism is a lifeline: every child inherits the
@@ -17,7 +16,11 @@ on stdout and be ended by PID. This module is that plumbing, in one place:
   namespace needs none of it: every port is free there.
 - `ChildProcess`: one child with its log file and a thread that turns its stdout's JSON lines
   into messages; `wait_for_results` collects the {"event": "done"} messages of several.
-- `end_all`: end several children at once and say how each ended (for launch timelines).
+- `hang`: stop a process (the hang fault) so that it still ends with its parent: a stopped
+  process runs no watchdog thread, so a small guard process outside it holds the lifeline.
+- `messages`: the one loop through which a parent reads its children's messages.
+- `end_all`: the one teardown: end several children at once, stopped ones included, and say
+  how each ended (for launch timelines).
 - `log_tail`: the end of a child's log, for error messages.
 
 Our own code, not a library's: subprocess and psutil have no parent-death signal (portable
@@ -191,7 +194,8 @@ def hang(pid: int) -> None:
     is a child of this process, or of this process's parent (a node stopping itself or a
     sibling), a guard process is started first: it holds the lifeline that ends with `pid`'s
     parent and SIGKILLs `pid`'s process group when that parent dies, on any POSIX system; it
-    exits by itself once `pid` has ended.
+    exits by itself once `pid` has ended. Any other `pid` is only stopped: no lifeline here
+    ends with its parent.
     """
     import psutil
 

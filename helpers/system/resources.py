@@ -70,7 +70,7 @@ class Memory:
 
 def read_memory(proc: psutil.Process, full: bool = False) -> Memory:
     """The memory of `proc`: RSS, and with `full` also PSS and USS (psutil's memory_full_info
-    reads /proc/PID/smaps: ~10 ms for a TF process, so sample it less often than RSS).
+    walks /proc/PID/smaps, much slower than RSS: sample it less often).
 
     Raises:
         psutil.NoSuchProcess: the process has ended.
