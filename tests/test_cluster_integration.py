@@ -614,10 +614,12 @@ def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when
 HUNG_SCRIPT = textwrap.dedent("""
     import json, sys
     from helpers.cluster import LocalCluster
-    c = LocalCluster(workers=1, isolate="auto", stall_timeout=600).start()
+    hung = sys.argv[1]  # ps:1: PS task 0 stops task 1, its sibling
+    c = LocalCluster(workers=1, isolate="auto", stall_timeout=600, ps=1 + (hung == "ps:1"))
+    c.start()
     pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
-    print(json.dumps({"pids": pids, "hung": c.pids[sys.argv[1]]}), flush=True)
-    fault = "ps" if sys.argv[1] == "ps:0" else 0
+    print(json.dumps({"pids": pids, "hung": c.pids[hung]}), flush=True)
+    fault = {"ps:0": "ps", "ps:1": "ps:1", "worker:0": 0}[hung]
     c.train(mode="async", steps=10**6, train_size=6000, test_size=2000, progress=False,
             faults={fault: {"kind": "hang", "at": 10}}, run_id="orphan-hung")
 """)
@@ -630,8 +632,17 @@ def _stopped(pid) -> bool:
         return False
 
 
-@pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
-@pytest.mark.parametrize("hung", ["ps:0", "worker:0"])
+@pytest.mark.parametrize(
+    "hung, pdeathsig",
+    [("ps:0", "0"), ("ps:0", "1"), ("worker:0", "0"), ("worker:0", "1"), ("ps:1", "0")],
+    ids=[
+        "ps-lifeline-only",
+        "ps-with-prctl",
+        "worker-lifeline-only",
+        "worker-with-prctl",
+        "second-ps-lifeline-only",
+    ],
+)
 def test_a_hung_node_goes_with_its_sigkilled_launcher(shared_data, tmp_path, hung, pdeathsig):
     """A node stopped by the hang fault runs neither its lifeline watcher nor a SIGTERM: it
     still ends within 10 s of its launcher's SIGKILL, with prctl and with the lifeline alone."""
