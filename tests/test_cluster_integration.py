@@ -531,6 +531,7 @@ def test_lost_workers_give_clear_errors_in_sync_and_backup(small_cluster):
 
 
 def test_hung_ps_trips_the_stall_watchdog(small_cluster):
+    pids = list(small_cluster.pids.values())
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"no progress for 10 s.*ps:0") as err:
         small_cluster.train(mode="async", faults={"ps": {"kind": "hang", "at": 20}}, **COMMON)
@@ -538,6 +539,7 @@ def test_hung_ps_trips_the_stall_watchdog(small_cluster):
     assert "(this run) ---" in str(err.value) and "died" not in str(err.value)
     assert time.monotonic() - t0 < 60
     assert small_cluster.procs == {}  # torn down
+    assert not any(psutil.pid_exists(p) for p in pids)  # the stopped PS included, by PID
 
 
 ORPHAN_SCRIPT = textwrap.dedent("""
@@ -605,6 +607,71 @@ def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when
             [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20
         )[1]
         assert survivors == [], f"orphans left running: {[p.pid for p in survivors]}"
+    finally:
+        end_parent_and_pids(parent, pids)  # by PID, whatever the test found
+
+
+HUNG_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from helpers.cluster import LocalCluster
+    hung = sys.argv[1]  # ps:1: PS task 0 stops task 1, its sibling
+    c = LocalCluster(workers=1, isolate="auto", stall_timeout=600, ps=1 + (hung == "ps:1"))
+    c.start()
+    pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
+    print(json.dumps({"pids": pids, "hung": c.pids[hung]}), flush=True)
+    fault = {"ps:0": "ps", "ps:1": "ps:1", "worker:0": 0}[hung]
+    c.train(mode="async", steps=10**6, train_size=6000, test_size=2000, progress=False,
+            faults={fault: {"kind": "hang", "at": 10}}, run_id="orphan-hung")
+""")
+
+
+def _stopped(pid) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize(
+    "hung, pdeathsig",
+    [("ps:0", "0"), ("ps:0", "1"), ("worker:0", "0"), ("worker:0", "1"), ("ps:1", "0")],
+    ids=[
+        "ps-lifeline-only",
+        "ps-with-prctl",
+        "worker-lifeline-only",
+        "worker-with-prctl",
+        "second-ps-lifeline-only",
+    ],
+)
+def test_a_hung_node_goes_with_its_sigkilled_launcher(shared_data, tmp_path, hung, pdeathsig):
+    """A node stopped by the hang fault runs neither its lifeline watcher nor a SIGTERM: it
+    still ends within 10 s of its launcher's SIGKILL, with prctl and with the lifeline alone."""
+    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path), LABS_PDEATHSIG=pdeathsig)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", HUNG_SCRIPT, hung],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    pids = []
+    try:
+        line = parent.stdout.readline()
+        assert line, "the launcher script died before starting its cluster"
+        started = json.loads(line)
+        pids = started["pids"]
+        deadline = time.monotonic() + 120
+        while not _stopped(started["hung"]):
+            assert time.monotonic() < deadline and parent.poll() is None, "no hang fault"
+            time.sleep(0.2)
+        nodes = [psutil.Process(p) for p in pids]
+        pids += [c.pid for n in nodes for c in n.children(recursive=True)]  # anything they started
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        survivors = psutil.wait_procs(
+            [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10
+        )[1]
+        assert survivors == [], f"left running: {[(p.pid, p.status()) for p in survivors]}"
     finally:
         end_parent_and_pids(parent, pids)  # by PID, whatever the test found
 

@@ -3,6 +3,7 @@
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from helpers.system.processes import (
     end_all,
     free_ports,
     log_tail,
+    messages,
     wait_for_results,
 )
 from tests.process_cleanup import end_parent_and_pids
@@ -66,6 +68,18 @@ def test_a_silent_child_times_out_and_its_group_is_killed(tmp_path):
     assert err.value.waiting == ["slow"]
     procs["slow"].kill()
     assert not psutil.pid_exists(procs["slow"].pid)
+
+
+def test_messages_yields_each_message_then_a_tick_when_none_comes():
+    """The one inbox loop: what the children sent, in order, and (None, {}) between."""
+    inbox = queue.Queue()
+    inbox.put(("a", {"event": "ready"}))
+    inbox.put(("b", {"event": "done"}))
+    stream = messages(inbox, every=0.05)
+    assert [next(stream), next(stream)] == [("a", {"event": "ready"}), ("b", {"event": "done"})]
+    t0 = time.monotonic()
+    assert next(stream) == (None, {})
+    assert 0.04 <= time.monotonic() - t0 < 2.0
 
 
 def test_end_all_ends_children_together_and_says_how_each_ended(tmp_path):
@@ -194,3 +208,108 @@ def test_a_lifeline_inherited_from_a_grandparent_is_not_watched():
         stdin=subprocess.DEVNULL,
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_end_all_ends_a_stopped_child_at_once(tmp_path):
+    """SIGTERM then SIGCONT: a stopped child acts on the SIGTERM without the grace period."""
+    procs, _ = _child(tmp_path, "stopped", "import time; time.sleep(300)")
+    child = procs["stopped"]
+    os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while psutil.Process(child.pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    ended = end_all([child], timeout=10.0)
+    assert time.monotonic() - t0 < 5.0
+    assert ended["stopped"]["how"] == "killed by SIGTERM"
+    assert not psutil.pid_exists(child.pid)
+
+
+# A parent that starts one child with `spawn` and waits to be killed. WHO=child: the child
+# stops itself with `hang` (a node in the hang fault); WHO=parent: the parent stops the child
+# (LocalCluster.kill with SIGSTOP); WHO=plain: the child stops itself with a bare SIGSTOP.
+HUNG_CHILD = """
+import json, os, signal, sys
+from helpers.system.processes import hang, watch_lifeline
+watch_lifeline()
+print(json.dumps(os.getpid()), flush=True)
+if os.environ["WHO"] == "child":
+    hang(os.getpid())
+elif os.environ["WHO"] == "plain":
+    os.kill(os.getpid(), signal.SIGSTOP)
+sys.stdin.read()
+"""
+HUNG_PARENT = f"""
+import json, os, subprocess, sys, time
+import psutil
+from helpers.system.processes import hang, spawn
+child = spawn([sys.executable, "-c", {HUNG_CHILD!r}], stdout=subprocess.PIPE,
+              stdin=subprocess.PIPE, text=True)
+child.stdout.readline()
+if os.environ["WHO"] == "parent":
+    hang(child.pid)
+while psutil.Process(child.pid).status() != psutil.STATUS_STOPPED:
+    time.sleep(0.05)
+guards = [p.pid for p in psutil.Process(child.pid).children() + psutil.Process().children()
+          if p.pid != child.pid]
+print(json.dumps({{"pids": [child.pid], "guards": guards}}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _kill_the_parent_of_a_stopped_child(who: str, pdeathsig: str) -> tuple[list, list]:
+    """(guards started, processes left 10 s after the parent's SIGKILL)."""
+    env = dict(os.environ, LABS_PDEATHSIG=pdeathsig, WHO=who)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", HUNG_PARENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    pids = []
+    try:
+        started = json.loads(parent.stdout.readline())
+        pids = started["pids"] + started["guards"]
+        assert psutil.Process(started["pids"][0]).status() == psutil.STATUS_STOPPED
+        parent.kill()
+        parent.wait(10)
+        alive = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+        return started["guards"], [p.pid for p in psutil.wait_procs(alive, timeout=10)[1]]
+    finally:
+        end_parent_and_pids(parent, pids)
+
+
+@pytest.mark.parametrize("who", ["child", "parent"])
+@pytest.mark.parametrize("pdeathsig", ["0", "1"], ids=["lifeline-only", "with-prctl"])
+def test_a_hung_child_and_its_guard_end_with_a_sigkilled_parent(who, pdeathsig):
+    """A stopped child runs no lifeline watcher: its guard ends it, on any system (and with
+    prctl too); the guard goes as well."""
+    guards, survivors = _kill_the_parent_of_a_stopped_child(who, pdeathsig)
+    assert len(guards) == 1
+    assert survivors == [], f"left running: {survivors}"
+
+
+def test_without_a_guard_a_stopped_child_survives_its_parent():
+    """The control: the lifeline alone cannot end a stopped process."""
+    guards, survivors = _kill_the_parent_of_a_stopped_child("plain", "0")
+    assert guards == [] and len(survivors) == 1
+
+
+def test_a_guard_exits_once_its_stopped_process_is_ended(tmp_path):
+    inbox = queue.Queue()
+    child = ChildProcess(
+        "hung", [sys.executable, "-c", HUNG_CHILD], {"WHO": "child"}, tmp_path / "hung.log", inbox
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while psutil.Process(child.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, log_tail(child.log_path)
+            time.sleep(0.05)
+        guards = psutil.Process(child.pid).children()
+        assert len(guards) == 1
+    finally:
+        end_all([child])
+    assert psutil.wait_procs(guards, timeout=5)[1] == []

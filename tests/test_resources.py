@@ -135,3 +135,49 @@ def test_a_cluster_that_does_not_fit_is_refused_before_any_process_starts(monkey
         tf_cluster.start()
     assert tf_cluster.procs == {} and not tf_cluster.network.isolated
     assert psutil.Process().children(recursive=True) == before
+
+
+def test_a_sampler_samples_until_stopped_and_can_start_again():
+    seen = []
+    sampler = resources.Sampler(lambda: seen.append(time.monotonic()), interval=0.02)
+    for _ in range(2):  # started, stopped, started again
+        before = len(seen)
+        with sampler:
+            deadline = time.monotonic() + 10
+            while len(seen) < before + 3:
+                assert time.monotonic() < deadline, "the sampler never sampled"
+                time.sleep(0.01)
+        after_stop = len(seen)
+        time.sleep(0.1)  # several intervals: no sample may come after stop
+        assert len(seen) == after_stop
+    with pytest.raises(ValueError, match="interval must be > 0 seconds, got 0"):
+        resources.Sampler(lambda: None, 0)
+
+
+def test_read_memory_gives_pss_and_uss_only_when_asked():
+    me = psutil.Process()
+    quick, full = resources.read_memory(me), resources.read_memory(me, full=True)
+    assert quick.rss > 0 and quick.pss is None and quick.uss is None
+    assert 0 < full.uss <= full.pss <= full.rss * 1.1  # Linux has PSS; pages may come and go
+
+
+def test_the_notebook_runners_memory_peak_sees_a_child_it_did_not_start_itself():
+    """MemoryPeak follows every descendant (a kernel's cluster nodes): here a child holding
+    200 MB of its own."""
+    from tools.run_notebooks import MemoryPeak
+
+    with MemoryPeak(interval=0.05) as peak:
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; x = b'x' * (200 * 2**20); sys.stdin.read()"],
+            stdin=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while peak.summary().get("peak_pss_mb", 0) < 200:
+                assert time.monotonic() < deadline, peak.summary()
+                time.sleep(0.05)
+        finally:
+            child.stdin.close()
+            child.wait(10)
+    summary = peak.summary()
+    assert summary["largest_process_mb"] >= 200 and summary["processes_at_peak"] >= 1

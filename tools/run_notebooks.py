@@ -20,7 +20,6 @@ import json
 import os
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from traitlets.config import Config
 import helpers  # noqa: F401  (sets the kernels' TF log level: they inherit os.environ)
 from helpers import config
 from helpers.files import atomic_path
+from helpers.system.resources import Sampler, read_memory
 from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
@@ -70,17 +70,16 @@ class MemoryPeak:
     """
 
     def __init__(self, interval: float = 1.0, grow: float = 1.05):
-        self.interval, self.grow = interval, grow
+        self.grow = grow
         self.total, self.largest, self.count, self._rss_seen = 0, 0, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._sampler = Sampler(self._sample, interval)
 
     def _sample(self) -> None:
         procs = psutil.Process().children(recursive=True)
         rss = 0
         for proc in procs:
             try:
-                rss += proc.memory_info().rss
+                rss += read_memory(proc).rss
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         if rss < self._rss_seen * self.grow:
@@ -89,24 +88,21 @@ class MemoryPeak:
         sizes = []
         for proc in procs:
             try:
-                sizes.append(proc.memory_full_info().pss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
-                continue  # gone, or a system without PSS (macOS): nothing to add
+                pss = read_memory(proc, full=True).pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if pss is not None:  # None: a system without PSS (macOS): nothing to add
+                sizes.append(pss)
         if sum(sizes) > self.total:
             self.total, self.count = sum(sizes), len(sizes)
         self.largest = max([self.largest, *sizes])
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
     def __enter__(self):
-        self._thread.start()
+        self._sampler.start()
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        self._sampler.stop()
         return False
 
     def summary(self) -> dict:

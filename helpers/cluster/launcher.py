@@ -27,7 +27,15 @@ from helpers.cluster.run import Run
 from helpers.cluster.rundir import EventTail, RunDir, write_cluster
 from helpers.system import netns, resources
 from helpers.system.control import Cmd, Event, command
-from helpers.system.processes import ChildProcess, free_ports, log_section, unique_name
+from helpers.system.processes import (
+    ChildProcess,
+    end_all,
+    free_ports,
+    hang,
+    log_section,
+    messages,
+    unique_name,
+)
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 _COUNTER = itertools.count()
@@ -198,15 +206,15 @@ class LocalCluster:
             raise
 
     def stop(self) -> None:
-        """End every process of the cluster (idempotent)."""
+        """End every process of the cluster at once (idempotent): ask each to exit, then the
+        teardown every launcher shares (end_all), stopped processes included."""
         for proc in self.procs.values():
             if proc.popen.poll() is None:
                 try:
                     proc.send(command(Cmd.EXIT))
                 except (BrokenPipeError, OSError, ValueError):
                     pass
-        for proc in self.procs.values():
-            proc.kill()
+        end_all(self.procs.values())
         self.procs.clear()
         self.network.stop()
         _LIVE.discard(self)
@@ -217,8 +225,12 @@ class LocalCluster:
         return {name: p.pid for name, p in self.procs.items()}
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
-        """Send a signal to one process of the cluster (fault injection by hand)."""
-        os.kill(self.procs[name].pid, sig)
+        """Send a signal to one process of the cluster (fault injection by hand); SIGSTOP
+        stops it as the hang fault does, so that it still ends with this process."""
+        if sig == signal.SIGSTOP:
+            hang(self.procs[name].pid)
+        else:
+            os.kill(self.procs[name].pid, sig)
 
     # ------------------------------------------------------------------ waiting
     def _fail(self, what: str, name: str | None):
@@ -250,11 +262,9 @@ class LocalCluster:
             self._fail(f"{name} (pid {proc.pid}) {how} during {during}{hint}", name)
 
     def _next_message(self, deadline, during, waiting=(), tolerate_workers=False):
-        while True:
-            try:
-                return self.inbox.get(timeout=0.2)
-            except queue.Empty:
-                pass
+        for name, msg in messages(self.inbox):
+            if name is not None:
+                return name, msg
             self._check_deaths(during, tolerate_workers)
             if time.monotonic() > deadline:
                 slow = sorted(waiting)
@@ -328,16 +338,14 @@ class LocalCluster:
         t0 = time.perf_counter()
         with ResourceMonitor(list(self.pids.values()), interval=0.5, pss_every=2.0) as monitor:
             try:
-                while watch.waiting:
-                    try:
-                        name, msg = self.inbox.get(timeout=0.2)
-                    except queue.Empty:
-                        name, msg = None, {}
+                for name, msg in messages(self.inbox) if watch.waiting else ():
                     # a dead PS explains the workers' errors: name it first
                     self._check_deaths(cfg.mode, tolerate_workers=True)
                     watch.waiting -= {f"worker:{w}" for w in self.dead_workers}
                     self._route(cfg, watch, name, msg)
                     self._check_progress(cfg, watch)
+                    if not watch.waiting:
+                        break
             finally:
                 if watch.board:
                     watch.board.close(watch.tail.read())

@@ -142,7 +142,12 @@ class PSLoop(WorkerWatch):
                     f"fault {who!r}: the PID of PS task {task} is unknown (faults "
                     f"on other PS tasks need a launcher: LocalCluster(ps=...))"
                 )
-            os.kill(pid, signal.SIGKILL if spec["kind"] == "kill" else signal.SIGSTOP)
+            if spec["kind"] == "kill":
+                os.kill(pid, signal.SIGKILL)
+            else:  # SIGSTOP, guarded so that the stopped task still ends with the launcher
+                from helpers.system.processes import hang
+
+                hang(pid)
 
     def _owe_tokens(self):
         if self.version >= self.cfg.steps:  # the run is over: a token now would start a step

@@ -315,9 +315,12 @@ class WorkerLoop:
             while True:
                 if fault and step == fault["at"]:
                     self.log.write(Kind.FAULT, what=fault["kind"], step=step)
-                    os.kill(
-                        os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP
-                    )
+                    if fault["kind"] == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    else:  # SIGSTOP, guarded so that it still ends with the launcher
+                        from helpers.system.processes import hang
+
+                        hang(os.getpid())
                 wait_s, waited = 0.0, None
                 if step == 0 and not waits_every_step:  # async: once, then never again
                     waited = time.time()

@@ -3,8 +3,7 @@
 The cluster engine (`cluster.launcher`), TF_CONFIG clusters (`cluster.tfconfig`), the private
 network namespace (`system.netns`), the PS demo (`cluster.psdemo`) and notebook 04's one process
 per configuration (`training.mirrored`) all start Python children that must end with their parent,
-report
-on stdout and be ended by PID. This module is that plumbing, in one place:
+report on stdout and be ended by PID. This module is that plumbing, in one place:
 
 - `spawn` / `die_with_parent`: a child ends within a second of its parent's death, on any
   POSIX system, mid-run too. The portable mechanism is a lifeline: every child inherits the
@@ -17,7 +16,11 @@ on stdout and be ended by PID. This module is that plumbing, in one place:
   namespace needs none of it: every port is free there.
 - `ChildProcess`: one child with its log file and a thread that turns its stdout's JSON lines
   into messages; `wait_for_results` collects the {"event": "done"} messages of several.
-- `end_all`: end several children at once and say how each ended (for launch timelines).
+- `hang`: stop a process (the hang fault) so that it still ends with its parent: a stopped
+  process runs no watchdog thread, so a small guard process outside it holds the lifeline.
+- `messages`: the one loop through which a parent reads its children's messages.
+- `end_all`: the one teardown: end several children at once, stopped ones included, and say
+  how each ended (for launch timelines).
 - `log_tail`: the end of a child's log, for error messages.
 
 Our own code, not a library's: subprocess and psutil have no parent-death signal (portable
@@ -66,6 +69,7 @@ def child_setup() -> None:
 
 
 _lifeline: tuple[int, int, int] | None = None  # (read fd, write fd, pid that made them)
+_watched_fd: int | None = None  # the read end of the lifeline this process watches (its parent's)
 
 
 def _lifeline_fd() -> int:
@@ -130,6 +134,8 @@ def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
     except OSError:  # not passed down after all: nothing to watch
         return False
     os.set_inheritable(fd, False)  # this process's own children get a lifeline of their own
+    global _watched_fd
+    _watched_fd = fd
 
     def watch():
         try:
@@ -143,19 +149,65 @@ def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
     return True
 
 
-def die_with_parent(parent_pid: int | None, sig: int = signal.SIGTERM) -> None:
+def die_with_parent(parent_pid: int | None, sig: int = signal.SIGKILL) -> None:
     """Called by a child itself, first thing: end when the parent dies, or now if it has.
 
     Watches the lifeline that `spawn` passed down (any POSIX system; the child then gets
     SIGKILL, with its process group), and on Linux also asks for `sig` by prctl, which
-    `nsenter` and `unshare` clear when they start the child. TF's
-    MultiWorkerMirroredStrategy catches SIGTERM and carries on, so its tasks ask for SIGKILL.
+    `nsenter` and `unshare` clear when they start the child. SIGKILL, because a stopped
+    process (see `hang`) keeps a SIGTERM pending until it is continued, and TF's
+    MultiWorkerMirroredStrategy catches SIGTERM and carries on.
     `parent_pid` catches a parent that died before this call.
     """
     watch_lifeline()
     _set_parent_death_signal(sig)
     if parent_pid and os.getppid() != parent_pid:
         os._exit(1)
+
+
+# A stopped process's guard: SIGKILL process (group) PID when the lifeline read end FD reads
+# end-of-file (the parent of both is gone); end once PID has ended. Standard library only.
+_GUARD = """
+import os, select, signal, sys
+fd, pid = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    if select.select([fd], [], [], 0.2)[0] and not os.read(fd, 1):
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        break
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+"""
+_guards: list[subprocess.Popen] = []
+
+
+def hang(pid: int) -> None:
+    """Stop process `pid` with SIGSTOP, a hung process: it keeps its sockets open and answers
+    nothing, until it is continued or killed.
+
+    A stopped process runs neither its lifeline watcher nor a pending SIGTERM, so when `pid`
+    is a child of this process, or of this process's parent (a node stopping itself or a
+    sibling), a guard process is started first: it holds the lifeline that ends with `pid`'s
+    parent and SIGKILLs `pid`'s process group when that parent dies, on any POSIX system; it
+    exits by itself once `pid` has ended. Any other `pid` is only stopped: no lifeline here
+    ends with its parent.
+    """
+    import psutil
+
+    _guards[:] = [g for g in _guards if g.poll() is None]  # reap the guards that have exited
+    parent = psutil.Process(pid).ppid()
+    fd = _lifeline_fd() if parent == os.getpid() else _watched_fd
+    if fd is not None and (parent == os.getpid() or parent == os.getppid()):
+        cmd = [sys.executable, "-I", "-S", "-c", _GUARD, str(fd), str(pid)]
+        _guards.append(
+            subprocess.Popen(cmd, pass_fds=(fd,), start_new_session=True, stdin=subprocess.DEVNULL)
+        )
+    os.kill(pid, signal.SIGSTOP)
 
 
 _NAMES = itertools.count()
@@ -263,8 +315,7 @@ class ChildProcess:
 
     def kill(self, timeout: float = 5.0) -> None:
         """End the process group: SIGTERM (and SIGCONT for a stopped one), then SIGKILL."""
-        self.terminate()
-        self.reap(timeout)
+        end_all([self], timeout)
 
     def reap(self, timeout: float) -> None:
         """Wait up to `timeout` s for the process to end, SIGKILL its group if it has not,
@@ -282,8 +333,10 @@ class ChildProcess:
 
 
 def end_all(procs, timeout: float = 5.0) -> dict[str, dict]:
-    """End several children at once: SIGTERM every group first, then wait (SIGKILL after
-    `timeout`), so n children cost one grace period, not n.
+    """End several children at once, by PID: the teardown of every cluster. SIGTERM every
+    process group and SIGCONT it (a stopped process acts on the SIGTERM only once continued),
+    then wait, and SIGKILL the groups still there after `timeout`: n children cost one grace
+    period, not n.
 
     Returns, per child name, how it ended ("exited with code 0 before the teardown",
     "killed by SIGKILL", ...), when its stdout closed ("eof_at") and when it was gone."""
@@ -301,6 +354,17 @@ def end_all(procs, timeout: float = 5.0) -> dict[str, dict]:
             "gone_at": time.time(),
         }
     return ended
+
+
+def messages(inbox: queue.Queue, every: float = 0.2):
+    """Yield each (name, message) the children put on `inbox` as it comes, and (None, {})
+    whenever `every` seconds pass without one: the one loop through which a parent reads its
+    children, checking on them (deaths, deadlines, progress) between messages."""
+    while True:
+        try:
+            yield inbox.get(timeout=every)
+        except queue.Empty:
+            yield None, {}
 
 
 class NoResult(RuntimeError):
@@ -323,17 +387,15 @@ def wait_for_results(
     """
     waiting, results = set(names), {}
     deadline = time.monotonic() + timeout
-    while waiting:
-        try:
-            name, msg = inbox.get(timeout=0.2)
-        except queue.Empty:
-            name, msg = None, {}
+    for name, msg in messages(inbox) if waiting else ():
         if msg.get("event") == Event.DONE and name in waiting:
             results[name] = msg["result"]
             waiting.discard(name)
         elif msg.get("event") == Event.EOF and name not in results:  # stdout closed: it is ending
             procs[name].popen.wait()
             raise NoResult(name, procs[name].died(), sorted(waiting))
-        if waiting and time.monotonic() > deadline:
+        if not waiting:
+            break
+        if time.monotonic() > deadline:
             raise NoResult(sorted(waiting)[0], f"timed out after {timeout:.0f} s", sorted(waiting))
     return results

@@ -1,6 +1,11 @@
 """Sample CPU% and memory (RSS; optionally PSS and USS) of processes while something runs,
 and the peak Python allocation of one call; how much memory is free here (a container's limit
-included), and whether some TF processes fit in it."""
+included), and whether some TF processes fit in it.
+
+`Sampler` (a thread that samples every so often) and `read_memory` (one process's memory) are
+the one sampler of the project: `ResourceMonitor` here, the notebook runner's peak memory
+(tools/run_notebooks.py) and the grading sandbox's memory limit (tools/course/sandbox.py) use it.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,76 @@ import os
 import threading
 import time
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+
+class Sampler:
+    """Call `sample()` every `interval` seconds in a daemon thread, from `start()` (or entering
+    a `with` block) until `stop()`; it can be started again after it stopped."""
+
+    def __init__(self, sample, interval: float):
+        if not interval > 0:
+            raise ValueError(f"a sampling interval must be > 0 seconds, got {interval!r}")
+        self.sample, self.interval = sample, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Sampler":
+        """Start sampling (first sample after one interval); a running sampler restarts."""
+        self.stop()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling and wait for a sample under way (idempotent)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One process's memory in bytes. PSS splits shared pages between the processes that map
+    them; USS counts the pages only it maps. None: not read, or not given here (macOS has no
+    PSS; another user's process denies both)."""
+
+    rss: int
+    pss: int | None = None
+    uss: int | None = None
+
+
+def read_memory(proc: psutil.Process, full: bool = False) -> Memory:
+    """The memory of `proc`: RSS, and with `full` also PSS and USS (psutil's memory_full_info
+    walks /proc/PID/smaps, much slower than RSS: sample it less often).
+
+    Raises:
+        psutil.NoSuchProcess: the process has ended.
+    """
+    rss = proc.memory_info().rss
+    if not full:
+        return Memory(rss)
+    try:
+        info = proc.memory_full_info()
+    except psutil.AccessDenied:
+        return Memory(rss)
+    return Memory(rss, getattr(info, "pss", None), getattr(info, "uss", None))
 
 
 class ResourceMonitor:
@@ -43,8 +115,7 @@ class ResourceMonitor:
         self.full: dict[int, list[tuple[int, int]]] = {}  # pid -> [(pss, uss)]
         # pid -> [(wall-clock time, CPU seconds used so far)]: CPU time between two moments
         self.cpu_times: dict[int, list[tuple[float, float]]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._sampler = Sampler(self._sample, interval)
         self._procs: dict[int, psutil.Process] = {}
 
     def _targets(self):
@@ -70,29 +141,23 @@ class ResourceMonitor:
             try:
                 with proc.oneshot():
                     cpu = proc.cpu_percent(None)  # since the previous call on this object
-                    rss = proc.memory_info().rss
+                    mem = read_memory(proc, full)
                     times = proc.cpu_times()
-                if full:
-                    mem = proc.memory_full_info()
-                    self.full.setdefault(proc.pid, []).append((mem.pss, mem.uss))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            self.samples.setdefault(proc.pid, []).append((now, cpu, rss))
+            if mem.pss is not None and mem.uss is not None:
+                self.full.setdefault(proc.pid, []).append((mem.pss, mem.uss))
+            self.samples.setdefault(proc.pid, []).append((now, cpu, mem.rss))
             self.cpu_times.setdefault(proc.pid, []).append((time.time(), times.user + times.system))
-
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            self._sample()
 
     def __enter__(self):
         self.t0 = time.perf_counter()
         self._sample()  # primes cpu_percent
-        self._thread.start()
+        self._sampler.start()
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        self._sampler.stop()
         self._sample(final=True)
         self.elapsed = time.perf_counter() - self.t0
         return False

@@ -32,12 +32,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import psutil
 
 from helpers import config
+from helpers.system.resources import Sampler, read_memory
 from tools.course.nbgrader_course import token_processes
 
 KERNEL_NAME = "labs-sandbox"
@@ -186,11 +186,9 @@ def default_memory_mb(jobs: int) -> int:
 
 
 def _memory_mb(p: psutil.Process) -> float:
-    try:
-        info = p.memory_full_info()
-        return getattr(info, "pss", info.rss) / 2**20
-    except psutil.AccessDenied:
-        return p.memory_info().rss / 2**20
+    """PSS of `p` in MB; RSS where the system has no PSS (macOS) or denies it."""
+    mem = read_memory(p, full=True)
+    return (mem.rss if mem.pss is None else mem.pss) / 2**20
 
 
 class MemoryGuard:
@@ -203,36 +201,33 @@ class MemoryGuard:
     def __init__(self, limit_mb: float, every_s: float = 0.25):
         self.limit_mb, self.every_s = limit_mb, every_s
         self.tripped, self.peak_mb = False, 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler: Sampler | None = None
 
     def watch(self, token: str, spare: set[int] = frozenset()) -> None:
         """Start watching the processes of `token` (in a thread) until `stop`."""
         self.stop()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, args=(token, set(spare)), daemon=True)
-        self._thread.start()
+        spare = set(spare)
+        self._sampler = Sampler(lambda: self._sample(token, spare), self.every_s).start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
+        """Stop watching (idempotent)."""
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
 
-    def _watch(self, token: str, spare: set[int]) -> None:
-        while not self._stop.wait(self.every_s):
-            members = token_processes({token}, spare)
-            used = 0.0
+    def _sample(self, token: str, spare: set[int]) -> None:
+        members = token_processes({token}, spare)
+        used = 0.0
+        for p in members:
+            try:
+                used += _memory_mb(p)
+            except psutil.Error:
+                continue
+        self.peak_mb = max(self.peak_mb, used)
+        if used > self.limit_mb:
+            self.tripped = True
             for p in members:
                 try:
-                    used += _memory_mb(p)
+                    p.kill()
                 except psutil.Error:
-                    continue
-            self.peak_mb = max(self.peak_mb, used)
-            if used > self.limit_mb:
-                self.tripped = True
-                for p in members:
-                    try:
-                        p.kill()
-                    except psutil.Error:
-                        pass
+                    pass
