@@ -43,7 +43,7 @@ class WorkerWatch:
                 self.log.write(Kind.DEAD, worker=w, pid=pid)
                 header = Header(worker=w, step=-1, version=-1, kind=DEAD)
                 comps = [tf.constant(header, tf.int64)] + [
-                    tf.zeros(shape, dtype) for dtype, shape in self.res.wire
+                    tf.zeros(shape, dtype) for dtype, shape in self.res.push_spec
                 ]
                 notices = [
                     (self.res.done, [tf.constant(w, tf.int64)]),

@@ -297,7 +297,7 @@ class PSLoop(WorkerWatch):
     def _loop(self):
         """sync, SSP and backup: take each push off the queue and apply it by the mode's rules."""
         raw, cfg, mode = tf.raw_ops, self.cfg, self.cfg.mode
-        types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res.wire]
+        types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res.push_spec]
         agg = None  # SSP applies every push at once; sync and backup aggregate k of them
         if mode in ("sync", "backup"):
             k = cfg.workers if mode == "sync" else cfg.k

@@ -78,13 +78,13 @@ def staged_apply(res, comp, momentum):
             with tf.device(res.devices[task]):
                 summed = [tf.zeros(s) for s in shapes]
                 for n in range(keys.shape[0]):
-                    wire = raw.MapUnstage(
+                    staged = raw.MapUnstage(
                         key=keys[n],
                         indices=list(range(len(dtypes))),
                         dtypes=dtypes,
                         shared_name=res.stage,
                     )
-                    grads = comp.decode(wire, shapes)
+                    grads = comp.decode(staged, shapes)
                     summed = [
                         a + weights[n] * tf.reshape(g, a.shape) for a, g in zip(summed, grads)
                     ]
@@ -107,7 +107,7 @@ def warm_staged(fn, res, counts) -> None:
     raw = tf.raw_ops
     for n in sorted(set(counts)):
         keys = tf.constant([-1 - i for i in range(n)], tf.int64)
-        for task, spec in enumerate(res.task_wire):
+        for task, spec in enumerate(res.task_push_spec):
             if not spec:
                 continue
             with tf.device(res.devices[task]):
