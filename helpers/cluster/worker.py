@@ -305,10 +305,11 @@ class WorkerLoop:
 
         The first call of a function with a part on the PS also sets that part up there, on
         top of tracing, and costs many steps' time (a slow starter could miss a whole short
-        run). So each worker runs the very variant it trains with, and pushes once: the modes that wait take the PS's first token
-        ("parameters are ready") inside it and push a WARMUP message, which the PS skips; an
-        async worker takes that token first and applies under a warm-up ticket, which applies
-        nothing. Downpour's other variants (n_fetch, n_push > 1) are traced only.
+        run). So each worker runs the very variant it trains with, and pushes once: the modes
+        that wait take the PS's first token ("parameters are ready") inside it and push a
+        WARMUP message, which the PS skips; an async worker takes that token first and applies
+        under a warm-up ticket, which applies nothing. Downpour's other variants (n_fetch,
+        n_push > 1) are traced only.
         """
         b, cfg = self.cfg.batch_size, self.cfg
         x, y = self.x[:b], self.y[:b]
