@@ -185,7 +185,7 @@ class RunState:
             }
             for w, s in self.workers.items()
         ]
-        ps = {
+        ps_stats = {
             "version": self.version,
             "updates": self.updates,
             "of": self.steps_total,
@@ -201,7 +201,7 @@ class RunState:
             "mode": self.mode,
             "bound": self.bound,
             "workers": workers,
-            "ps": ps,
+            "ps": ps_stats,
             "finished": self.final is not None,
             "warming up": self.joined is None,
             "ps stopped": self.ps_stopped,
