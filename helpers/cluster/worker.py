@@ -6,8 +6,8 @@ parameters ride back with it; it computes the gradient on a local batch and push
 PS's queue, or in async applies it on the PS itself, as the update the PS's ticket numbers.
 Tensors cross the network as one transfer per wire dtype and PS task (wire.pack_by_dtype);
 with the parameters sharded over several PS tasks (wire.plan), the call reads and pushes every
-task's pieces at once. The Python
-loop around it logs each step and simulates stragglers and faults.
+task's pieces at once. The step is built from named parts (`_build_step` lists them); the
+Python loop around it logs each step and simulates stragglers and faults.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ class WorkerLoop:
             for t in range(len(res.devices))
         ]
         if self.cfg.mode == "async":  # apply on the PS here, not through the PS's loop
-            self.deliver = self._push_apply
+            self._deliver = self._push_apply
         else:
-            self.deliver = self._push_stage if res.sharded else self._push_enqueue
+            self._deliver = self._push_stage if res.sharded else self._push_enqueue
 
         @tf.function
         def step(x, y, local_step, fetch: bool, push: bool, wait: bool):
@@ -190,7 +190,7 @@ class WorkerLoop:
             )
         )
         meta, arrived_at = self._send_pieces(meta)
-        sent = self.deliver(meta, arrived_at, local_step)
+        sent = self._deliver(meta, arrived_at, local_step)
         with tf.control_dependencies([sent, computed]):
             pushed = tf.timestamp()  # the PS holds the push (async: has applied it)
         for a in self.acc:
