@@ -102,8 +102,8 @@ def measure_calls(ps_addr: str, repeats: int) -> dict:
     import tensorflow as tf
 
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [ps_addr]}))
-    ps = "/job:ps/replica:0/task:0/device:CPU:0"
-    with tf.device(ps):
+    ps_device = "/job:ps/replica:0/task:0/device:CPU:0"
+    with tf.device(ps_device):
         int(tf.constant(1) + 1)  # blocks until the PS answers (as helpers.cluster.node does)
         scalar = tf.Variable(0.0)
 
@@ -127,11 +127,11 @@ def measure_calls(ps_addr: str, repeats: int) -> dict:
     out = {"local_empty_call_ms": timed(empty), "remote_read_scalar_ms": timed(read_scalar)}
     for name in ("logreg", "lenet"):
         prefix = "" if name == "logreg" else "lenet_"
-        out.update({prefix + k: v for k, v in model_calls(name, ps, timed, repeats).items()})
+        out.update({prefix + k: v for k, v in model_calls(name, ps_device, timed, repeats).items()})
     return out
 
 
-def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
+def model_calls(name: str, ps_device: str, timed, repeats: int) -> dict:
     """Median ms, for one model, of:
     - local_gradient_ms: the gradient of one batch, here;
     - remote_read_params_ms: one read of the parameters on the PS;
@@ -160,7 +160,7 @@ def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
     variables = model.trainable_variables
     shapes = [tuple(v.shape) for v in variables]
     here = variables[0].value.device  # this process's CPU (a Keras variable holds a tf one)
-    with tf.device(ps):
+    with tf.device(ps_device):
         params = [tf.Variable(v.numpy()) for v in variables]
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -170,7 +170,7 @@ def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
         return tape.gradient(loss, variables)
 
     def pull():  # the PS's parameters, one packed transfer, into the ones held here
-        with tf.device(ps):
+        with tf.device(ps_device):
             packed = pack_by_dtype([p.read_value() for p in params])
         with tf.device(here):
             for var, value in zip(variables, unpack(packed, shapes)):
@@ -180,7 +180,7 @@ def model_calls(name: str, ps: str, timed, repeats: int) -> dict:
     def push(grads):  # one packed transfer to the PS, applied there
         with tf.device(here):
             packed = pack_by_dtype(grads)
-        with tf.device(ps):
+        with tf.device(ps_device):
             for p, g in zip(params, unpack(packed, shapes)):
                 p.assign_sub(0.1 * g)
             return [p.value() for p in params]

@@ -4,6 +4,11 @@ Real runs' logs are checked against the dashboard, the timeline and the Chrome t
 tests/test_cluster_integration.py (check_views); these cases pin down each rule on its own.
 """
 
+import ast
+import inspect
+import itertools
+import textwrap
+
 import pytest
 
 from helpers.cluster import protocol
@@ -64,6 +69,31 @@ def test_ssp_worker_waits_while_more_than_s_ahead_of_the_slowest_live_clock():
     assert state.bound_points[-1][1] == 1 + 1  # the slowest live clock + s
     state.feed([{"kind": Kind.DEAD, "t": 1.4, "worker": 1}])
     assert state.doing(1, 1.4) == "dead"  # and the slowest live clock is now worker 0's
+
+
+def test_ssp_waiting_is_the_protocols_gate_for_every_clock():
+    for s in (0, 1, 2):
+        # the PS's clocks of workers 0, 1, 2 (pushes applied), and how far worker 0 is ahead
+        for *clocks, ahead in itertools.product(range(4), range(4), range(4), range(3)):
+            state = RunState(cfg(mode="ssp", workers=3, staleness=s))
+            state.feed(START)
+            for w, c in enumerate(clocks):
+                state.ps_clock[w] = state.workers[w].clock = c
+                state.workers[w].last_t = 1.0
+            state.workers[0].clock += ahead
+            gate = protocol.ssp_may_step(clocks[0] + ahead, clocks, s)
+            waiting = state.doing(0, 1.0) == "waiting for a token"
+            assert waiting is not gate, (s, clocks, ahead)
+
+
+def test_runstate_calls_the_protocols_ssp_gate_instead_of_a_copy_of_it():
+    """A copy of the rule could drift from the one the PS grants by; the test above cannot
+    tell a faithful copy from a call, so read the code: one call, no comparison of its own."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(RunState.doing)))
+    calls = [ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    compares = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)]
+    assert "protocol.ssp_may_step" in calls
+    assert [c for c in compares if "bound" in c or "min(" in c] == []
 
 
 def test_async_never_waits_and_a_silent_worker_looks_hung():

@@ -224,6 +224,16 @@ def _positive_int(name, value, minimum=1):
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check a RunConfig and fill defaults; raise ValueError naming the value and the remedy."""
+    _check_training(cfg)
+    _check_mode_options(cfg)
+    _check_run(cfg)
+    _check_stragglers(cfg)
+    _check_faults(cfg)
+    return cfg
+
+
+def _check_training(cfg: RunConfig) -> None:
+    """The workers, mode, model, data, steps, batch, learning rate and compression."""
     _positive_int("workers", cfg.workers)
     if cfg.mode not in MODES:
         raise ValueError(f"unknown mode {cfg.mode!r}: use one of {', '.join(MODES)}")
@@ -249,6 +259,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         if cfg.lr_schedule["name"] != "piecewise" and cfg.lr_schedule.get("decay_steps", 0) <= 0:
             raise ValueError(f"lr_schedule decay_steps must be > 0, got {cfg.lr_schedule!r}")
     compression.check_spec(cfg.compress)
+
+
+def _check_mode_options(cfg: RunConfig) -> None:
+    """The options of the modes (Downpour, SSP, backup); fill backup's default k."""
     if cfg.mode != "async" and (cfg.n_fetch, cfg.n_push) != (1, 1):
         raise ValueError(
             f"n_fetch/n_push apply to mode='async' only, got mode={cfg.mode!r} "
@@ -267,6 +281,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"decay must be in (0, 1), got {cfg.decay!r}")
     if not 0 <= cfg.fold_bound <= 1:
         raise ValueError(f"fold_bound (a/2b) must be in [0, 1], got {cfg.fold_bound!r}")
+
+
+def _check_run(cfg: RunConfig) -> None:
+    """Data sizes, checkpoints, worker_timeout, resume; fill the worker ids."""
     for name in ("train_size", "test_size"):
         value = getattr(cfg, name)
         if value is not None:
@@ -292,6 +310,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         cfg.worker_ids = list(range(cfg.workers))
     if len(cfg.worker_ids) != cfg.workers:
         raise ValueError(f"worker_ids {cfg.worker_ids} must list {cfg.workers} workers")
+
+
+def _check_stragglers(cfg: RunConfig) -> None:
+    """Each straggler is a worker with a slowdown factor >= 1 or a random delay."""
     for w, spec in cfg.stragglers.items():
         if not str(w).isdigit() or int(w) not in cfg.worker_ids:
             raise ValueError(f"straggler worker {w!r} is not one of the workers {cfg.worker_ids}")
@@ -305,6 +327,10 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ValueError(
                 f"a straggler slowdown factor must be >= 1, got {spec!r} for worker {w}"
             )
+
+
+def _check_faults(cfg: RunConfig) -> None:
+    """Each fault names a PS task or a worker, a kind and the step (or version) it happens at."""
     for who, spec in cfg.faults.items():
         if ps_fault_task(who) is None and (
             not str(who).isdigit() or int(who) not in cfg.worker_ids
@@ -316,4 +342,3 @@ def validate(cfg: RunConfig) -> RunConfig:
         if not isinstance(spec, dict) or spec.get("kind") not in FAULT_KINDS:
             raise ValueError(f"a fault is {{'kind': 'kill'|'hang', 'at': step}}, got {spec!r}")
         _positive_int(f"fault step for {who}", spec.get("at"), minimum=0)
-    return cfg

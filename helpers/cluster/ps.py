@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -30,23 +29,17 @@ from helpers.training import compression, models
 ASYNC_CHUNK = 16
 
 
-class PSLoop(WorkerWatch):
+class PSLoop:
     """Hold the parameters, apply pushes by the rules of the mode, hand out step tokens."""
 
     def __init__(self, node, cfg, run_dir, log, model, res, worker_pids, test, ps_pids=None):
         self.node, self.cfg, self.run_dir, self.log = node, cfg, run_dir, log
         self.model, self.res, self.test = model, res, test
-        self.worker_pids = {int(k): v for k, v in (worker_pids or {}).items()}
         self.ps_pids = {int(k): v for k, v in (ps_pids or {}).items()}  # other PS tasks' PIDs
-        self.alive = set(cfg.worker_ids)
-        self.finished: set[int] = set()
+        self.watch = WorkerWatch(cfg, res, log, worker_pids)  # who is alive, heard, done
         self.clock = {w: 0 for w in cfg.worker_ids}  # pushes applied per worker (SSP)
         self.granted = {w: 0 for w in cfg.worker_ids}
         self.waiting: list[tuple[int, int]] = []  # (worker, version) pushes owed a token
-        self.stop_event = threading.Event()
-        self.lock = threading.Lock()
-        self.last_heard = {w: time.monotonic() for w in cfg.worker_ids}  # liveness
-        self.timed_out = False
         self.comp = compression.from_spec(cfg.compress)  # decodes pushes, eagerly (cheap)
         self.shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.version = 0
@@ -152,17 +145,16 @@ class PSLoop(WorkerWatch):
     def _owe_tokens(self):
         if self.version >= self.cfg.steps:  # the run is over: a token now would start a step
             return  # whose push may land before the queues close
-        still = []
+        still, alive = [], set(self.watch.alive())
         for w, v in self.waiting:
-            if v < self.version and w in self.alive:
+            if v < self.version and w in alive:
                 self._grant(w, Token(clock=self.version, slowest=0))
-            elif w in self.alive:
+            elif w in alive:
                 still.append((w, v))
         self.waiting = still
 
     def _ssp_grants(self):
-        with self.lock:  # the watcher thread may remove a dead worker meanwhile
-            alive = sorted(self.alive - self.finished)
+        alive = self.watch.running()  # a snapshot: the watcher may remove a dead worker
         live = [self.clock[w] for w in alive]
         for w in alive:
             more = protocol.ssp_grants(self.granted[w], live, self.cfg.staleness)
@@ -174,8 +166,7 @@ class PSLoop(WorkerWatch):
     def run(self) -> dict:
         cfg = self.cfg
         self._init_vars()
-        watcher = threading.Thread(target=self._watch_workers, daemon=True)
-        watcher.start()
+        self.watch.start()
         mode = cfg.mode
         t0 = time.time()
         self.log.write(
@@ -195,22 +186,18 @@ class PSLoop(WorkerWatch):
                 self._tickets([WARMUP_TICKET] * len(cfg.worker_ids), [0.0] * len(cfg.worker_ids))
             for w in cfg.worker_ids:  # "parameters are ready": the workers warm up, then join
                 self._grant(w, Token(clock=self.version, slowest=0))
-            self._wait_all(self.res.join, set())
+            self.watch.wait_joined()
             if mode == "async":  # a worker that died warming up left its ticket: not a real one
                 left = int(tf.raw_ops.QueueSizeV2(handle=self.res.tickets))
                 if left:
                     tf.raw_ops.QueueDequeueManyV2(
                         handle=self.res.tickets, n=left, component_types=[tf.int64, tf.float32]
                     )
-            with self.lock:
-                joined = sorted(self.alive)
-            self.log.write(Kind.JOINED, workers=joined)
+            self.log.write(Kind.JOINED, workers=self.watch.alive())
             if mode == "ssp":
                 self._ssp_grants()
             else:
-                with self.lock:
-                    alive = sorted(self.alive)
-                for w in alive:
+                for w in self.watch.alive():
                     self._grant(w, Token(clock=self.version, slowest=0))
             if mode == "async":
                 self._async_loop()
@@ -220,12 +207,13 @@ class PSLoop(WorkerWatch):
             return self._final(t0)
         except BaseException as exc:
             self._finish()
-            self.stop_event.set()
+            self.watch.stop()
             self._clear_stage()
             if self.cfg.evaluator:
                 tf.raw_ops.QueueCloseV2(handle=self.res.ckpt, cancel_pending_enqueues=True)
-            if self.timed_out:
-                raise self._timeout_error() from exc
+            timed_out = self.watch.timeout_error()
+            if timed_out is not None:
+                raise timed_out from exc
             raise
 
     def _async_loop(self):
@@ -264,7 +252,7 @@ class PSLoop(WorkerWatch):
                 )[0].numpy():
                     a = Applied(*(int(v) for v in row))
                     done[a.ticket] = a
-                    self._heard(a.worker)
+                    self.watch.heard(a.worker)
                 while self.version in done:
                     a = done.pop(self.version)
                     stale = protocol.staleness(a.version, a.ticket)
@@ -293,7 +281,7 @@ class PSLoop(WorkerWatch):
     def _loop(self):
         """sync, SSP and backup: take each push off the queue and apply it by the mode's rules."""
         raw, cfg, mode = tf.raw_ops, self.cfg, self.cfg.mode
-        types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res.wire]
+        types = [tf.int64] + [tf.as_dtype(d) for d, _ in self.res.push_spec]
         agg = None  # SSP applies every push at once; sync and backup aggregate k of them
         if mode in ("sync", "backup"):
             k = cfg.workers if mode == "sync" else cfg.k
@@ -306,7 +294,7 @@ class PSLoop(WorkerWatch):
             comps = raw.QueueDequeueV2(handle=self.res.grads, component_types=types)
             header = Header(*(int(v) for v in comps[0].numpy()))
             worker, step, version_read = header.worker, header.step, header.version
-            self._heard(worker)
+            self.watch.heard(worker)
             if header.kind == DEAD:
                 self._on_dead(worker, agg)
                 continue
@@ -333,30 +321,7 @@ class PSLoop(WorkerWatch):
                     self._ssp_grants()
             else:
                 pushes[(worker, step)] = grads
-                update = agg.offer(push)
-                for p in agg.dropped:
-                    self.log.write(
-                        Kind.DROP,
-                        worker=p.worker,
-                        step=p.step,
-                        version=p.version,
-                        staleness=self.version - p.version,
-                    )
-                    dropped = pushes.pop((p.worker, p.step))
-                    if self.apply_staged is not None:
-                        self.discard.append(dropped)
-                agg.dropped.clear()
-                if update is not None:
-                    lr = self._apply(
-                        [pushes.pop((p.worker, p.step)) for p in update.pushes], update.weights
-                    )
-                    self._log_update(
-                        lr,
-                        update.pushes,
-                        [before - p.version for p in update.pushes],
-                        update.weights,
-                        update.fresh,
-                    )
+                self._aggregate(agg, push, pushes)
                 self.waiting.append((worker, version_read))
                 self._owe_tokens()
             # after an update only: a push that updated nothing leaves the last checkpoint's
@@ -369,10 +334,38 @@ class PSLoop(WorkerWatch):
                 self._checkpoint()
             self._fault()
 
+    def _aggregate(self, agg, push, pushes: dict) -> None:
+        """sync and backup: offer a push to the aggregator; log what it drops, apply and log
+        the update it completes. `pushes` holds the payloads not yet used, by (worker, step)."""
+        before = self.version
+        update = agg.offer(push)
+        for p in agg.dropped:
+            self.log.write(
+                Kind.DROP,
+                worker=p.worker,
+                step=p.step,
+                version=p.version,
+                staleness=self.version - p.version,
+            )
+            dropped = pushes.pop((p.worker, p.step))
+            if self.apply_staged is not None:
+                self.discard.append(dropped)
+        agg.dropped.clear()
+        if update is not None:
+            lr = self._apply(
+                [pushes.pop((p.worker, p.step)) for p in update.pushes], update.weights
+            )
+            self._log_update(
+                lr,
+                update.pushes,
+                [before - p.version for p in update.pushes],
+                update.weights,
+                update.fresh,
+            )
+
     def _on_dead(self, worker, agg):
         cfg = self.cfg
-        with self.lock:
-            live = sorted(self.alive - self.finished)
+        live = self.watch.running()
         if cfg.mode == "sync":
             raise RuntimeError(
                 f"worker {worker} died: sync (BSP) training cannot finish without "
@@ -418,8 +411,8 @@ class PSLoop(WorkerWatch):
                 pass  # that PS task is gone (a fault): nothing of it to free
 
     def _final(self, t0) -> dict:
-        self._wait_all(self.res.done, self.finished)
-        self.stop_event.set()
+        self.watch.wait_finished()
+        self.watch.stop()
         self._clear_stage()
         if (self.cfg.checkpoint_every or self.cfg.evaluator) and self.last_ckpt != self.version:
             self._checkpoint()

@@ -10,7 +10,8 @@ Python over the events, so it is tested on real runs' logs; dashboard.py draws i
 What a worker is doing is read from the protocol, since no event says "now waiting": a sync or
 backup worker waits for a token from its push until the PS's version passes the one it read;
 an SSP worker waits while its clock is more than the bound ahead of the slowest live worker
-(the PS's own gate, protocol.ssp_grants); an async worker never waits after its first step.
+(protocol.ssp_may_step, the gate the PS's grants follow); an async worker never waits after its
+first step.
 The PS logs an update before it grants the tokens that update frees, so a worker this reading
 calls waiting has not been granted its next step yet.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from helpers.cluster import protocol
 from helpers.cluster.events import Kind, StepStamps
 
 RATE_WINDOW_S = 2.0  # steps/s and updates/s: over the last this many seconds
@@ -140,7 +142,7 @@ class RunState:
                 for v, o in self.workers.items()
                 if not (o.dead or o.done) and v not in self.stopped
             ]
-            if live and s.clock - min(live) > self.bound:
+            if not protocol.ssp_may_step(s.clock, live, self.bound):
                 return "waiting for a token"
         typical = statistics.median(s.durations) if s.durations else 0.0
         if now - (s.last_t or self.joined) > max(2.0, HUNG_AFTER * typical):
@@ -183,7 +185,7 @@ class RunState:
             }
             for w, s in self.workers.items()
         ]
-        ps = {
+        ps_stats = {
             "version": self.version,
             "updates": self.updates,
             "of": self.steps_total,
@@ -199,7 +201,7 @@ class RunState:
             "mode": self.mode,
             "bound": self.bound,
             "workers": workers,
-            "ps": ps,
+            "ps": ps_stats,
             "finished": self.final is not None,
             "warming up": self.joined is None,
             "ps stopped": self.ps_stopped,

@@ -111,55 +111,13 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
 
     times = {"start": time.time()}  # wall-clock stamps of the run's parts, for launch.json
     n, batch, seed = strategy.num_replicas_in_sync, job["batch_size"], job.get("seed", 0)
-
-    # Each worker reads its own shard with its own tf.data pipeline: nothing is shipped
-    # between them. A plain iterator, not `distribute_datasets_from_function`: under MWMS that
-    # wraps the pipeline in a MultiDeviceIterator whose per-device part keeps a tf.data
-    # autotuning thread that the iterator's deletion waited out, for 0 to 55 s after a run.
-    # Without autotuning, deleting this one is quick.
-    local_replicas = len(strategy.extended.worker_devices)  # 1 per worker on CPU
-    per_replica = tf.distribute.InputContext(workers, task, n).get_per_replica_batch_size(batch)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, task)
-    ds = ds.shuffle(len(x), seed=seed).repeat()
-    ds = ds.batch(per_replica * local_replicas, drop_remainder=True).prefetch(2)
-    no_autotune = tf.data.Options()
-    no_autotune.autotune.enabled = False
-    batches = iter(ds.with_options(no_autotune))
-
-    def next_batch():  # this worker's batch, split over its replicas (one on CPU)
-        xb, yb = next(batches)
-
-        def mine(ctx):
-            k = ctx.replica_id_in_sync_group - task * local_replicas
-            part = slice(k * per_replica, (k + 1) * per_replica)
-            return xb[part], yb[part]
-
-        return strategy.experimental_distribute_values_from_function(mine)
-
+    next_batch = _worker_batches(strategy, x, y, task, workers, batch, seed)
     with strategy.scope():
         model = build(job["model"], (28, 28), 10, seed)
         optimizer = keras.optimizers.get(
             {"class_name": job.get("optimizer", "adam"), "config": {"learning_rate": job["lr"]}}
         )
-
-    def replica_step(xb, yb):
-        with tf.GradientTape() as tape:
-            per_example = keras.losses.sparse_categorical_crossentropy(
-                yb, model(xb, training=True), from_logits=True
-            )
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces grads
-        return loss
-
-    @tf.function
-    def train_step(xb_yb):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=xb_yb), axis=None)
-
-    @tf.function
-    def all_workers_sum(value):  # each replica adds its worker's share once
-        share = value / local_replicas
-        return strategy.reduce("SUM", strategy.run(lambda v: v, args=(share,)), axis=None)
+    train_step, all_workers_sum = _mirrored_steps(strategy, model, optimizer, batch)
 
     def test_accuracy():
         mine_x, mine_y = xt[task::workers], yt[task::workers]
@@ -168,23 +126,11 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
 
     steps = max(1, len(x) // batch)
     grad_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
-    history, train_s, eval_s = [], 0.0, 0.0
     times["setup_end"] = time.time()  # dataset, model, optimizer (not yet the tracing)
     lo_start = loopback_tx_bytes()  # this namespace's loopback: all workers' traffic
-    for epoch in range(1, job.get("epochs", 1) + 1):
-        t0 = time.perf_counter()
-        losses = [float(train_step(next_batch())) for _ in range(steps)]
-        t1 = time.perf_counter()
-        acc = test_accuracy()
-        train_s, eval_s = train_s + t1 - t0, eval_s + time.perf_counter() - t1
-        history.append(
-            {
-                "epoch": epoch,
-                "loss": float(np.mean(losses)),
-                "test_accuracy": acc,
-                "train_s": train_s,
-            }
-        )
+    history, train_s, eval_s = _epochs(
+        lambda: train_step(next_batch()), test_accuracy, steps, job.get("epochs", 1)
+    )
     times["epochs_end"] = time.time()
     lo_end = loopback_tx_bytes()
     return {
@@ -208,12 +154,94 @@ def train_mirrored(strategy, job: dict, x, y, xt, yt, task: int, workers: int) -
     }
 
 
+def _worker_batches(strategy, x, y, task: int, workers: int, batch: int, seed: int):
+    """Return a function giving this worker's next batch, split over its replicas."""
+    import tensorflow as tf
+
+    # Each worker reads its own shard with its own tf.data pipeline: nothing is shipped
+    # between them. A plain iterator, not `distribute_datasets_from_function`: under MWMS that
+    # wraps the pipeline in a MultiDeviceIterator whose per-device part keeps a tf.data
+    # autotuning thread that the iterator's deletion waited out, for 0 to 55 s after a run.
+    # Without autotuning, deleting this one is quick.
+    n = strategy.num_replicas_in_sync
+    local_replicas = len(strategy.extended.worker_devices)  # 1 per worker on CPU
+    per_replica = tf.distribute.InputContext(workers, task, n).get_per_replica_batch_size(batch)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, task)
+    ds = ds.shuffle(len(x), seed=seed).repeat()
+    ds = ds.batch(per_replica * local_replicas, drop_remainder=True).prefetch(2)
+    no_autotune = tf.data.Options()
+    no_autotune.autotune.enabled = False
+    batches = iter(ds.with_options(no_autotune))
+
+    def next_batch():  # this worker's batch, split over its replicas (one on CPU)
+        xb, yb = next(batches)
+
+        def mine(ctx):
+            k = ctx.replica_id_in_sync_group - task * local_replicas
+            part = slice(k * per_replica, (k + 1) * per_replica)
+            return xb[part], yb[part]
+
+        return strategy.experimental_distribute_values_from_function(mine)
+
+    return next_batch
+
+
+def _mirrored_steps(strategy, model, optimizer, batch: int):
+    """Return the training step (one all-reduced update, the loss summed over replicas) and
+    a function adding up one value per worker over all workers."""
+    import keras
+    import tensorflow as tf
+
+    local_replicas = len(strategy.extended.worker_devices)
+
+    def replica_step(xb, yb):
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                yb, model(xb, training=True), from_logits=True
+            )
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces grads
+        return loss
+
+    @tf.function
+    def train_step(xb_yb):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=xb_yb), axis=None)
+
+    @tf.function
+    def all_workers_sum(value):  # each replica adds its worker's share once
+        share = value / local_replicas
+        return strategy.reduce("SUM", strategy.run(lambda v: v, args=(share,)), axis=None)
+
+    return train_step, all_workers_sum
+
+
+def _epochs(train_step, test_accuracy, steps: int, epochs: int):
+    """Train `epochs` epochs of `steps` steps, scoring after each; return the history and the
+    seconds spent training and evaluating."""
+    history, train_s, eval_s = [], 0.0, 0.0
+    for epoch in range(1, epochs + 1):
+        t0 = time.perf_counter()
+        losses = [float(train_step()) for _ in range(steps)]
+        t1 = time.perf_counter()
+        acc = test_accuracy()
+        train_s, eval_s = train_s + t1 - t0, eval_s + time.perf_counter() - t1
+        history.append(
+            {
+                "epoch": epoch,
+                "loss": float(np.mean(losses)),
+                "test_accuracy": acc,
+                "train_s": train_s,
+            }
+        )
+    return history, train_s, eval_s
+
+
 def run_ps(job: dict) -> dict:
     """Coordinate ParameterServerStrategy training: schedule steps on workers, variables on PS.
 
     `steps` updates are timed after one more that traces the step function.
     """
-    import keras
     import psutil
     import tensorflow as tf
 
@@ -226,44 +254,11 @@ def run_ps(job: dict) -> dict:
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     started, ready = psutil.Process().create_time(), time.time()
-    batch, lr, path = job["batch_size"], job["lr"], job["data_file"]
-
-    def dataset_fn():  # traced here, run on each worker: it reads the file there
-        raw = tf.io.decode_raw(tf.io.read_file(path), tf.uint8)
-        n = tf.size(raw) // 785
-        rows = tf.reshape(raw, [n, 785])
-        images = tf.cast(tf.reshape(rows[:, 1:], [n, 28, 28]), tf.float32) / 255.0
-        labels = tf.cast(rows[:, 0], tf.int32)
-        ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(10_000).repeat()
-        return ds.batch(batch, drop_remainder=True).prefetch(2)
-
+    dataset_fn = _rows_dataset_fn(job["data_file"], job["batch_size"])
     with strategy.scope():
         model = build(job.get("model", "logreg"), (28, 28), 10, job.get("seed", 0))
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    # the tf.Variables behind Keras 3's variables: with a partitioner each is a ShardedVariable,
-    # whose shards (one per PS) are what a gradient can be taken for and applied to; Keras's
-    # own wrapper has no `handle` for a GradientTape then
-    weights = [
-        shard
-        for v in model.trainable_variables
-        for shard in getattr(v.value, "variables", [v.value])
-    ]
-
-    @tf.function
-    def step_fn(it):
-        def replica_fn(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(
-                    keras.losses.sparse_categorical_crossentropy(
-                        yb, model(xb, training=True), from_logits=True
-                    )
-                )
-            for var, grad in zip(weights, tape.gradient(loss, weights)):
-                var.assign_sub(lr * grad)  # plain SGD, applied on the PS as each step lands
-            return loss
-
-        return strategy.run(replica_fn, args=next(it))
-
+    step_fn = _ps_step_fn(strategy, model, job["lr"])
     steps, job_start = job["steps"], time.time()
     coordinator.schedule(step_fn, args=(iterator,))  # one update that traces step_fn,
     coordinator.join()  # outside the clock, as the engine's workers trace theirs
@@ -294,6 +289,56 @@ def run_ps(job: dict) -> dict:
             "result": time.time(),
         },
     }
+
+
+def _rows_dataset_fn(path: str, batch: int):
+    """Return a dataset_fn reading write_mnist_rows's file: traced here, run on each worker,
+    which reads the file there."""
+    import tensorflow as tf
+
+    def dataset_fn():
+        raw = tf.io.decode_raw(tf.io.read_file(path), tf.uint8)
+        n = tf.size(raw) // 785
+        rows = tf.reshape(raw, [n, 785])
+        images = tf.cast(tf.reshape(rows[:, 1:], [n, 28, 28]), tf.float32) / 255.0
+        labels = tf.cast(rows[:, 0], tf.int32)
+        ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(10_000).repeat()
+        return ds.batch(batch, drop_remainder=True).prefetch(2)
+
+    return dataset_fn
+
+
+def _ps_step_fn(strategy, model, lr: float):
+    """Return the step function a worker runs: the gradient of its next batch, applied with
+    plain SGD on the PS as each step lands."""
+    import keras
+    import tensorflow as tf
+
+    # the tf.Variables behind Keras 3's variables: with a partitioner each is a ShardedVariable,
+    # whose shards (one per PS) are what a gradient can be taken for and applied to; Keras's
+    # own wrapper has no `handle` for a GradientTape then
+    weights = [
+        shard
+        for v in model.trainable_variables
+        for shard in getattr(v.value, "variables", [v.value])
+    ]
+
+    @tf.function
+    def step_fn(it):
+        def replica_fn(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(
+                        yb, model(xb, training=True), from_logits=True
+                    )
+                )
+            for var, grad in zip(weights, tape.gradient(loss, weights)):
+                var.assign_sub(lr * grad)  # plain SGD, applied on the PS as each step lands
+            return loss
+
+        return strategy.run(replica_fn, args=next(it))
+
+    return step_fn
 
 
 def write_mnist_rows(path: Path, train_size: int, seed: int = 0) -> Path:

@@ -173,8 +173,8 @@ class Resources:
     ckpt: object
     tickets: object
     applied: object
-    wire: list  # (dtype, shape) of each tensor a push carries after the Header (P = 1)
-    task_wire: list  # per PS task: (dtype, shape) of the wire tensors of its pieces
+    push_spec: list  # (dtype, shape) of each tensor a push carries after the Header (P = 1)
+    task_push_spec: list  # per PS task: (dtype, shape) of the wire tensors of its pieces
     stage: str  # shared_name of the `stage` buffers (P > 1)
 
     @property
@@ -188,7 +188,7 @@ class Resources:
         """The TF dtypes of a push's wire tensors in PS task `task`'s stage buffer."""
         import tensorflow as tf
 
-        return [tf.as_dtype(d) for d, _ in self.task_wire[task]]
+        return [tf.as_dtype(d) for d, _ in self.task_push_spec[task]]
 
 
 def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
@@ -201,10 +201,10 @@ def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
     comp = compression.from_spec(cfg.compress)
     # a push carries the compressor's wire tensors (e.g. top-k values + indices), so only
     # those cross the network; every node declares the queue with the same spec
-    task_wire = [
+    task_push_spec = [
         comp.wire_spec([pieces[i].shape for i in idx]) for idx in by_task(pieces, len(ps_devices))
     ]
-    wire = task_wire[0] if len(ps_devices) == 1 else []
+    push_spec = task_push_spec[0] if len(ps_devices) == 1 else []
     one = len(ps_devices) == 1
 
     def var(kind, i, p):  # one piece of a variable, on its task; P = 1: the whole variable
@@ -228,8 +228,8 @@ def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
             version=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "version"),
             stopped=raw.VarHandleOp(dtype=tf.int64, shape=[], shared_name=prefix + "stopped"),
             grads=raw.FIFOQueueV2(
-                component_types=[tf.int64] + [tf.as_dtype(d) for d, _ in wire],
-                shapes=[[len(Header._fields)]] + [list(s) for _, s in wire],
+                component_types=[tf.int64] + [tf.as_dtype(d) for d, _ in push_spec],
+                shapes=[[len(Header._fields)]] + [list(s) for _, s in push_spec],
                 capacity=max(4, 2 * cfg.workers),
                 shared_name=prefix + "grads",
             ),
@@ -257,8 +257,8 @@ def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
                 capacity=-1,
                 shared_name=prefix + "applied",
             ),
-            wire=wire,
-            task_wire=task_wire,
+            push_spec=push_spec,
+            task_push_spec=task_push_spec,
             stage=prefix + "stage",
         )
 
