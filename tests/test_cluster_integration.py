@@ -176,10 +176,10 @@ def test_sync_averages_exactly_n_gradients_of_the_current_version(cluster, tmp_p
     assert run.test_accuracy > MIN_ACCURACY
     # sync is deterministic: sharded or not, the same updates give the same parameters
     with np.load(run.dir / "ckpt" / f"ckpt-{STEPS:07d}.npz") as f:
-        SYNC_FINAL[cluster.ps] = [f[k] for k in sorted(f.files)]
+        SYNC_FINAL[cluster.n_ps] = [f[k] for k in sorted(f.files)]
     # the first cluster's run in this session (run alone, a run is compared with itself)
     first = next(iter(SYNC_FINAL.values()))
-    for one, two in zip(first, SYNC_FINAL[cluster.ps]):
+    for one, two in zip(first, SYNC_FINAL[cluster.n_ps]):
         np.testing.assert_allclose(one, two, rtol=0, atol=1e-6)
     up = updates(run)
     assert len(up) == STEPS
@@ -256,8 +256,8 @@ def test_compressed_pushes_send_fewer_bytes_and_still_train(cluster):
     """float16 halves a push; top-1% sends 1% of entries as value + int32 index (of each
     piece: sharded over 2 tasks, of each half of the weights)."""
     logreg = [(784, 10), (10,)]  # the gradient shapes of logistic regression on MNIST
-    pieces = [p.shape for p in wire.plan(logreg, cluster.ps)]
-    top = {1: 79 + 1, 2: 40 + 40 + 1}[cluster.ps]  # ceil(1% of 7840), or of 3920 twice; bias 1
+    pieces = [p.shape for p in wire.plan(logreg, cluster.n_ps)]
+    top = {1: 79 + 1, 2: 40 + 40 + 1}[cluster.n_ps]  # ceil(1% of 7840), or of 3920 twice; bias 1
     plain = cluster.train(mode="sync", **THREE, **COMMON)
     for spec, payload in (("float16", 2 * 7850), ({"topk": 0.01}, 8 * top)):
         run = cluster.train(mode="sync", compress=spec, **THREE, **COMMON)
@@ -342,7 +342,7 @@ def test_isolated_cluster_listens_on_no_host_port(cluster):
     ports = [
         int(a.rsplit(":")[1]) for a in json.loads((cluster.dir / "cluster.json").read_text())["ps"]
     ]
-    assert len(ports) == cluster.ps
+    assert len(ports) == cluster.n_ps
     # inside the namespace each PS task listens on its port ...
     assert set(ports) <= set(cluster.network.listening_ports())
     # ... while the host namespace has no listening socket of any cluster process
@@ -377,7 +377,7 @@ def test_async_ssp_and_backup_finish_when_a_worker_is_killed(cluster):
     # against ~0.3 ms of local ops): with 4 workers pushes queue at task 0, and the mean
     # staleness was 4.1-4.7 against 1.0-1.2 on one task, accuracy 0.77-0.83 (10 runs)
     # against 0.83-0.85: the bar is "it learned" there
-    bar = MIN_ACCURACY if cluster.ps == 1 else 0.7
+    bar = MIN_ACCURACY if cluster.n_ps == 1 else 0.7
     assert len(updates(run)) == STEPS and run.test_accuracy > bar
     st = steps_of(run)
     assert st[st.worker == 3].step.max() < 20 and st.gap.max() <= 1
@@ -432,13 +432,14 @@ def test_killed_ps_fails_fast_naming_it(cluster):
     update 30 (the one PS, or the sharded cluster's task 1, which holds half of the
     parameters); async stops handing out tickets at any PS task's fault."""
     pids = list(cluster.pids.values())
-    task = cluster.ps - 1
+    task = cluster.n_ps - 1
     with pytest.raises(
         ValueError,
-        match=rf"faults \['ps:{cluster.ps}'\] name PS tasks this "
-        rf"cluster does not have: it has ps={cluster.ps}",
+        match=rf"faults \['ps:{cluster.n_ps}'\] name PS tasks this "
+        rf"cluster does not have: it has ps={cluster.n_ps}",
     ):
-        cluster.train(mode="sync", faults={f"ps:{cluster.ps}": {"kind": "kill", "at": 3}}, **COMMON)
+        missing = f"ps:{cluster.n_ps}"
+        cluster.train(mode="sync", faults={missing: {"kind": "kill", "at": 3}}, **COMMON)
     with pytest.raises(ClusterError, match=rf"ps:{task} \(pid \d+\) killed by SIGKILL") as err:
         cluster.train(
             mode="async",
@@ -489,7 +490,7 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
     try:
         with pytest.raises(KeyboardInterrupt):
             # resumed on the other number of PS tasks: checkpoints hold whole variables
-            with LocalCluster(workers=1, isolate="auto", evaluator=True, ps=3 - cluster.ps) as c:
+            with LocalCluster(workers=1, isolate="auto", evaluator=True, ps=3 - cluster.n_ps) as c:
                 run = c.train(
                     mode="async", run_id=run_id, resume=True, checkpoint_every=40, **COMMON
                 )

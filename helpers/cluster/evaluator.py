@@ -22,7 +22,7 @@ class EvaluatorLoop:
         evaluated = 0
         while True:
             try:
-                with tf.device(self.node.ps):
+                with tf.device(self.node.ps_device):
                     version = int(
                         raw.QueueDequeueV2(handle=self.res.ckpt, component_types=[tf.int64])[0]
                     )

@@ -112,7 +112,7 @@ class LocalCluster:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
         if isinstance(ps, bool) or not isinstance(ps, int) or ps < 1:
             raise ValueError(f"ps must be an integer >= 1 (the number of PS tasks), got {ps!r}")
-        self.ps = ps
+        self.n_ps = ps  # how many PS tasks hold the parameters (LocalCluster(ps=...))
         for label, value in (("start_timeout", start_timeout), ("stall_timeout", stall_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
@@ -139,16 +139,16 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         """Start every process and block until all report ready; raise with a log tail if not."""
         t0 = time.perf_counter()
-        processes = self.ps + self.workers + self.evaluator
+        processes = self.n_ps + self.workers + self.evaluator
         try:
             resources.check_memory(
                 processes,
-                f"A cluster of {'1 PS' if self.ps == 1 else f'{self.ps} PS tasks'}, "
+                f"A cluster of {'1 PS' if self.n_ps == 1 else f'{self.n_ps} PS tasks'}, "
                 f"{self.workers} worker(s)"
                 f"{' and an evaluator' if self.evaluator else ''}",
                 lambda fit: (
                     f"Start fewer workers "
-                    f"(workers={max(1, fit - self.ps - self.evaluator)} would fit)"
+                    f"(workers={max(1, fit - self.n_ps - self.evaluator)} would fit)"
                 ),
             )
         except resources.NotEnoughMemory as exc:
@@ -161,7 +161,7 @@ class LocalCluster:
                 raise ClusterError(str(exc)) from None
             self.dir = config.runs_dir(self.name)
             host = "localhost"
-            ports = [2222 + t for t in range(self.ps)] if self.isolated else free_ports(self.ps)
+            ports = [2222 + t for t in range(self.n_ps)] if self.isolated else free_ports(self.n_ps)
             spec = {"ps": [f"{host}:{port}" for port in ports]}
             write_cluster(self.dir / "cluster.json", spec)
             env = dict(
@@ -171,7 +171,7 @@ class LocalCluster:
                 MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"),
             )
             # the other PS tasks first: task 0 connects to them as it starts
-            jobs = [("ps", t) for t in range(1, self.ps)] + [("ps", 0)]
+            jobs = [("ps", t) for t in range(1, self.n_ps)] + [("ps", 0)]
             jobs += [("worker", i) for i in range(self.workers)]
             jobs += [("evaluator", 0)] if self.evaluator else []
             for job, task in jobs:
@@ -301,11 +301,11 @@ class LocalCluster:
         if not kwargs.get("run_id"):
             kwargs["run_id"] = f"{self.name}-run{next(_COUNTER)}"
         cfg = protocol.validate(protocol.RunConfig(**kwargs))
-        bad = [k for k in cfg.faults if (protocol.ps_fault_task(k) or 0) >= self.ps]
+        bad = [k for k in cfg.faults if (protocol.ps_fault_task(k) or 0) >= self.n_ps]
         if bad:
             raise ValueError(
                 f"faults {bad} name PS tasks this cluster does not have: it has "
-                f"ps={self.ps} (tasks 0 to {self.ps - 1})"
+                f"ps={self.n_ps} (tasks 0 to {self.n_ps - 1})"
             )
         run_dir = config.runs_dir(cfg.run_id)
         cfg_path = RunDir(run_dir).write_config(cfg)
@@ -313,7 +313,7 @@ class LocalCluster:
         if missing:
             raise ValueError(f"workers {missing} are dead or do not exist; live workers: {live}")
         pids = {w: self.procs[f"worker:{w}"].pid for w in cfg.worker_ids}
-        ps_pids = {t: self.procs[f"ps:{t}"].pid for t in range(self.ps)}
+        ps_pids = {t: self.procs[f"ps:{t}"].pid for t in range(self.n_ps)}
         self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
         for proc in self.procs.values():
             if proc.died() is None:

@@ -33,7 +33,7 @@ class Node:
         self.ps_devices = [
             f"/job:ps/replica:0/task:{t}/device:CPU:0" for t in range(len(self.ps_addrs))
         ]
-        self.ps = self.ps_devices[0]  # PS task 0: the protocol's queues and counters
+        self.ps_device = self.ps_devices[0]  # PS task 0: the protocol's queues and counters
         self.server = None
         spec = tf.train.ClusterSpec({"ps": self.ps_addrs})
         if job == "ps" and task > 0:
@@ -52,11 +52,11 @@ class Node:
             # facts note); its own address must be one the PS can reach to fetch tensors
             own = tf.train.ClusterSpec({"ps": self.ps_addrs, job: {task: cluster[job][task]}})
             tf.config.experimental_connect_to_cluster(own, job_name=job, task_index=task)
-            with tf.device(self.ps):
+            with tf.device(self.ps_device):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
         else:  # on one machine: a client server on a random localhost port is enough
             tf.config.experimental_connect_to_cluster(spec)
-            with tf.device(self.ps):
+            with tf.device(self.ps_device):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
 
     def wait_for_ps0_to_end(

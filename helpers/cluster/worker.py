@@ -44,7 +44,7 @@ class WorkerLoop:
     def __init__(self, node, cfg, log, model, res, x, y):
         self.node, self.cfg, self.log = node, cfg, log
         self.model, self.res, self.x, self.y = model, res, x, y
-        self.ps_device = node.ps  # PS task 0: the protocol's queues and counters
+        self.ps_device = node.ps_device  # PS task 0: the protocol's queues and counters
         self.downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
         self.acc = [
             tf.Variable(tf.zeros(v.shape), trainable=False) for v in model.trainable_variables
