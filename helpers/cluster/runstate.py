@@ -54,6 +54,8 @@ class RunState:
         self.updates = 0  # in this run
         self.update_times: deque = deque(maxlen=1024)
         self.pushes_sent = self.pushes_used = self.drops = self.folds = 0
+        # the attempt being watched (a resumed run's logs hold earlier ones): its start and its
+        # workers' joining, as rundir.last_attempt_window takes them
         self.started = None  # wall time the run began (the PS's start event)
         self.joined = None  # wall time every worker joined
         self.final = None  # the PS's final event
