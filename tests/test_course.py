@@ -26,8 +26,8 @@ import pytest
 from nbformat.corpus.words import generate_corpus_id
 
 from helpers.config import REPO_ROOT as ROOT
-from tools.course import grade, nbgrader_course, release, sandbox
-from tools.notebooks import NOTEBOOK_DIR, read
+from tools.course import grade, lessons, nbgrader_course, release, sandbox
+from tools.notebooks import NOTEBOOK_DIR, grade_id, read
 
 # runs nbgrader release and autograde on real notebooks: `make unit` leaves it out
 pytestmark = pytest.mark.slow
@@ -100,14 +100,7 @@ def mini_course(dest):
             for marker in setup:
                 [cell] = [c for c in cells if c.cell_type == "code" and marker in c.source]
                 nb.cells.append(cell)
-            nb.cells += [
-                c
-                for c in cells
-                if c.get("metadata", {})
-                .get("nbgrader", {})
-                .get("grade_id", "")
-                .startswith(exercise + "-")
-            ]
+            nb.cells += [c for c in cells if lessons.exercise_of(grade_id(c)) == exercise]
         for cell in nb.cells:  # cells from nbformat 4.4 lessons have no id; 4.5 wants one
             cell.setdefault("id", generate_corpus_id())
         nbformat.write(nb, str(dest / f"{name}.ipynb"))
@@ -172,7 +165,7 @@ def graded(tmp_path_factory, request):
     hand_in(subs, "cora", BOUNDS, crash)
     # dan: deleted the test cell of Exercise 2 (06), and handed in only that notebook
     dan = nbformat.from_dict(ref[BOUNDS])
-    dan.cells = [c for c in dan.cells if nbgrader_course.grade_id(c) != "nb06-ex2-test"]
+    dan.cells = [c for c in dan.cells if grade_id(c) != "nb06-ex2-test"]
     hand_in(subs, "dan", BOUNDS, dan)
     # eve: renamed her notebook, in nbgrader's own submitted/<student>/<assignment>/ layout
     hand_in(subs / "eve", DOC2VEC, f"{DOC2VEC} (1)", ref[DOC2VEC])
@@ -363,9 +356,7 @@ def test_the_release_has_no_solution_no_hidden_test_and_no_output(graded):
             g: c.metadata["nbgrader"].get("points")
             for g, c in cells.items()
             if c.metadata["nbgrader"].get("grade")
-        } == {
-            g + "-test": nbgrader_course.POINTS[g + "-test"] for g in FULL if g + "-test" in cells
-        }
+        } == {g + "-test": lessons.POINTS[g + "-test"] for g in FULL if g + "-test" in cells}
 
 
 def test_reference_solutions_get_full_points(graded):
@@ -590,8 +581,8 @@ def test_every_test_cell_of_the_lessons_has_points_and_every_point_a_cell():
                 assert "### BEGIN SOLUTION" in c.source, g
             if meta.get("grade"):
                 assert "### BEGIN HIDDEN TESTS" in c.source, g
-    assert ids == set(nbgrader_course.POINTS)
-    assert all(isinstance(v, int) and v > 0 for v in nbgrader_course.POINTS.values())
+    assert ids == set(lessons.POINTS)
+    assert all(isinstance(v, int) and v > 0 for v in lessons.POINTS.values())
 
 
 def test_a_failed_reference_run_raises_and_leaves_nothing(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from tests.exercise_answers import SECOND, WRONG
 from tools import exercises
-from tools.course import grade, nbgrader_course, release
+from tools.course import grade, lessons, release
 from tools.notebooks import notebook_paths, read
 
 # grades every lesson with nbgrader, twice: `make unit` leaves it out
@@ -80,7 +80,7 @@ def graded(tmp_path_factory, request):
 def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exercise(graded):
     got = points(graded["rows"])
     expect = {}
-    for gid, max_points in nbgrader_course.POINTS.items():
+    for gid, max_points in lessons.POINTS.items():
         ex_id = gid.removesuffix("-test")
         k = int(ex_id.split("-ex")[1])
         expect["odd", ex_id] = 0.0 if k % 2 else float(max_points)
@@ -90,7 +90,7 @@ def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exe
 
 def test_a_notebook_handed_in_alone_later_without_its_01_gets_full_points(graded):
     got = points(graded["late"])
-    for gid, max_points in nbgrader_course.POINTS.items():
+    for gid, max_points in lessons.POINTS.items():
         if gid.startswith("nb02-"):
             assert got["late", gid.removesuffix("-test")] == max_points, graded["late_report"]
         elif gid.startswith("nb01-"):  # not handed in
