@@ -321,8 +321,13 @@ def grade_pairs(
 ) -> None:
     """Stage 3: grade the pairs, `jobs` at once, each handed to `merged` in this thread as it
     finishes (one writer to the gradebook). On Ctrl-C, or an error in our code, end every
-    pair's processes and raise."""
+    pair's processes and raise.
+
+    The longest lessons (by their measured run time) start first, so that the pairs left at
+    the end, when fewer than `jobs` run, are short ones.
+    """
     releases = {a: read(p.course / "release" / a / f"{a}.ipynb") for a in p.assignments}
+    todo = sorted(todo, key=lambda t: -bar.weight[t.notebook])
     STOPPING.clear()
     pool = ThreadPoolExecutor(max_workers=jobs)
     running = {
@@ -397,12 +402,24 @@ def merge(p: Plan, t: Todo, run: PairRun, bar: GradingProgress) -> PairOutcome:
 def give_feedback(
     course: Path, autograded: dict[str, list[str]], outcomes: dict[tuple[str, str], PairOutcome]
 ) -> None:
-    """Stage 5: nbgrader's feedback pages, one nbgrader run per notebook for the students
-    `autograded` names; a failure is noted in each of their pairs' outcomes."""
-    for a, students in sorted(autograded.items()):
+    """Stage 5: nbgrader's feedback pages of the pairs `autograded` names, by notebook; a
+    failure is noted in each of their outcomes.
+
+    One nbgrader run for every notebook when the same students were graded in each and their
+    graded notebooks are all of these (a class handing in everything), else one per notebook.
+    """
+    groups = sorted((a, sorted(students)) for a, students in autograded.items())
+    same = {tuple(students) for _, students in groups}
+    if len(groups) > 1 and len(same) == 1:
+        students = groups[0][1]
+        held = {p.name for s in students for p in (course / "autograded" / s).iterdir()}
+        if held == set(autograded):
+            groups = [("*", students)]
+    for a, students in groups:
         problem = feedback(course, a, students)
         for student in students if problem else []:
-            outcomes[student, a].notes.append(problem)
+            for notebook in autograded if a == "*" else [a]:
+                outcomes[student, notebook].notes.append(problem)
 
 
 def report(p: Plan, outcomes: dict[tuple[str, str], PairOutcome], say=print) -> list[dict]:

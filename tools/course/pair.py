@@ -192,22 +192,23 @@ def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> Pa
 
 
 def feedback(course: Path, assignment: str, students: list[str]) -> str | None:
-    """nbgrader's feedback pages of `assignment` for `students`, all in one nbgrader process
-    (its start costs about as much as grading a notebook that does no work); None, or what
-    went wrong."""
+    """nbgrader's feedback pages of `assignment` (a glob: "*" is every notebook) for
+    `students`, all in one nbgrader process (its start costs about as much as grading a
+    notebook that does no work); None, or what went wrong."""
     others = sorted({p.name for p in (course / "autograded").iterdir()} - set(students))
+    name = "all" if assignment == "*" else assignment
     status, _ = nbgrader(
         course,
         "generate_feedback",
         assignment,
         "--force",
         f"--CourseDirectory.student_id_exclude={','.join(others)}",
-        log=course / "logs" / f"feedback-{assignment}.log",
+        log=course / "logs" / f"feedback-{name}.log",
     )
     return (
         None
         if status == 0
-        else (f"nbgrader generate_feedback failed ({status}); see logs/feedback-{assignment}.log")
+        else (f"nbgrader generate_feedback failed ({status}); see logs/feedback-{name}.log")
     )
 
 
