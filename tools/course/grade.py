@@ -403,23 +403,28 @@ def give_feedback(
     course: Path, autograded: dict[str, list[str]], outcomes: dict[tuple[str, str], PairOutcome]
 ) -> None:
     """Stage 5: nbgrader's feedback pages of the pairs `autograded` names, by notebook; a
-    failure is noted in each of their outcomes.
-
-    One nbgrader run for every notebook when the same students were graded in each and their
-    graded notebooks are all of these (a class handing in everything), else one per notebook.
-    """
-    groups = sorted((a, sorted(students)) for a, students in autograded.items())
-    same = {tuple(students) for _, students in groups}
-    if len(groups) > 1 and len(same) == 1:
-        students = groups[0][1]
-        held = {p.name for s in students for p in (course / "autograded" / s).iterdir()}
-        if held == set(autograded):
-            groups = [("*", students)]
-    for a, students in groups:
+    failure is noted in each of their outcomes."""
+    for a, students in feedback_runs(course, autograded):
         problem = feedback(course, a, students)
         for student in students if problem else []:
             for notebook in autograded if a == "*" else [a]:
                 outcomes[student, notebook].notes.append(problem)
+
+
+def feedback_runs(course: Path, autograded: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+    """(notebook, or "*" for all, students) of each nbgrader generate_feedback to run: one per
+    notebook, or fewer: one for all notebooks for the students graded in every one (and
+    holding no other graded notebook: a class handing in everything), then one per notebook
+    for the others."""
+    per_notebook = sorted((a, sorted(students)) for a, students in autograded.items())
+    everywhere = sorted(
+        s
+        for s in set.intersection(*(set(students) for students in autograded.values()))
+        if {p.name for p in (course / "autograded" / s).iterdir()} == set(autograded)
+    )
+    rest = [(a, [s for s in students if s not in everywhere]) for a, students in per_notebook]
+    runs = [("*", everywhere)] + [(a, students) for a, students in rest if students]
+    return runs if everywhere and len(runs) < len(per_notebook) else per_notebook
 
 
 def report(p: Plan, outcomes: dict[tuple[str, str], PairOutcome], say=print) -> list[dict]:
