@@ -23,7 +23,6 @@ if (
     exec_as_module("bench.grading_bench")
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -34,8 +33,10 @@ import nbformat
 from nbformat.corpus.words import generate_corpus_id
 
 from tools.course import grade, release
-from tools.course.grade import NEEDS, reference_runs
-from tools.notebooks import notebook_paths, read
+from tools.course.grade import reference_runs
+from tools.course.lessons import NEEDS, exercise_of
+from tools.course.report import read_outcomes
+from tools.notebooks import grade_id, notebook_paths, read
 
 CLASS, CORES = 150, 16  # the projection's class and machine
 
@@ -47,11 +48,7 @@ def trivial_lesson(folder: Path) -> Path:
     source = next(p for p in notebook_paths() if p.name.startswith("07_"))
     lesson = read(source)
     nb = nbformat.v4.new_notebook(metadata=lesson.metadata)
-    nb.cells = [
-        c
-        for c in lesson.cells
-        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "").startswith("nb07-ex2-")
-    ]
+    nb.cells = [c for c in lesson.cells if exercise_of(grade_id(c)) == "nb07-ex2"]
     for cell in nb.cells:  # cells from nbformat 4.4 lessons have no id; 4.5 wants one
         cell.setdefault("id", generate_corpus_id())
     nbformat.write(nb, str(folder / "99_trivial.ipynb"))
@@ -88,9 +85,9 @@ def timed_grading(
             f" The report:\n{(course / 'report.txt').read_text()}"
         )
     per = {}
-    for _student, a, seconds, _notes, outcome in json.loads((course / "report.json").read_text()):
-        if outcome == "graded":
-            per.setdefault(a, []).append(seconds)
+    for pair in read_outcomes(course):
+        if pair.outcome == "graded":
+            per.setdefault(pair.notebook, []).append(pair.seconds)
     shutil.rmtree(course)
     return wall, per
 

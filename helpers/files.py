@@ -1,4 +1,6 @@
-"""Writes that are all or nothing: a reader (or a crash) never sees a half-written file.
+"""Files: writes that are all or nothing, and a file's sha256.
+
+Writes: a reader (or a crash) never sees a half-written file.
 
 What the project caches, and what one process reads while another may be writing it (sweep
 records, checkpoints and their `latest.json`, notebook 01's features, notebook 08's row file),
@@ -9,6 +11,7 @@ that reads them starts (a cluster's config, a child's job file) need none of thi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -17,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+CHUNK = 1 << 20  # bytes read at a time when hashing
 _UMASK = os.umask(0o022)  # read the umask (the only way), then put it back
 os.umask(_UMASK)
 
@@ -59,3 +63,12 @@ def write_json(path: Path, obj, indent: int | None = None, default=None) -> Path
     with atomic_path(path, ".json") as tmp:
         tmp.write_text(json.dumps(obj, indent=indent, default=default))
     return Path(path)
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file's bytes, as hex; read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import files
 from helpers.data import dbpedia, downloads, mnist
 
 MNIST = downloads.DATASETS["mnist"]
@@ -80,7 +81,7 @@ def test_mirror_as_folder(cache, shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
     path = downloads.fetch("mnist")
     assert path == cache / "mnist.npz"
-    assert downloads.sha256_of(path) == MNIST.sha256
+    assert files.sha256_of(path) == MNIST.sha256
     assert leftovers(cache) == ["mnist.npz"]
 
 
@@ -195,7 +196,7 @@ def _tgz_of(folder: Path, members: list[str], out: Path) -> None:
 
 def _archive_dataset(folder: Path) -> downloads.Dataset:
     members = {
-        f"dbpedia_csv/{n}": (downloads.sha256_of(folder / n), (folder / n).stat().st_size)
+        f"dbpedia_csv/{n}": (files.sha256_of(folder / n), (folder / n).stat().st_size)
         for n in ("train.csv", "test.csv", "classes.txt")
     }
     return dataclasses.replace(

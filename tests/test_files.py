@@ -1,5 +1,7 @@
-"""All-or-nothing writes: the target is complete or untouched, and no temporary is left."""
+"""helpers.files: all-or-nothing writes (the target is complete or untouched, no temporary is
+left), and a file's sha256."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -55,3 +57,9 @@ def test_written_files_get_the_permissions_of_a_plain_write(tmp_path):
     plain.write_text("{}")
     files.write_json(tmp_path / "atomic.json", {})
     assert (os.stat(tmp_path / "atomic.json").st_mode & 0o777) == (os.stat(plain).st_mode & 0o777)
+
+
+def test_sha256_of_hashes_a_file_larger_than_one_chunk_as_hashlib_does(tmp_path):
+    data = np.random.default_rng(0).bytes(files.CHUNK * 2 + 7)
+    (tmp_path / "blob").write_bytes(data)
+    assert files.sha256_of(tmp_path / "blob") == hashlib.sha256(data).hexdigest()

@@ -5,10 +5,11 @@ Two students hand in all eight lessons, answered from tests/exercise_answers.py:
 the wrong answer to exercises 1, 3, ... and the second answer to 2, 4, ...; `even` the other
 way round. So every second answer and every wrong answer is graded once, each next to
 exercises of the other kind. A third student, `late`, hands in notebook 02 alone, renamed,
-in a later grading: 02 reads notebook 01's features, which come from the course's reference
-run, not from the student's own 01 (late has none), so it gets full points. Quick mode; points
-are read back from nbgrader's gradebook. (An untouched release, every answer missing, is graded
-in tests/test_course.py, on a small course.)
+with second answers: 02 reads notebook 01's features, which come from the course's reference
+run, not from the student's own 01 (late has none), so it gets full points; a later grading
+asking for that reference run again gets it without running 01. All three are graded in one
+run, two pairs at once. Quick mode; points are read back from nbgrader's gradebook. (An
+untouched release, every answer missing, is graded in tests/test_course.py, on a small course.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from tests.exercise_answers import SECOND, WRONG
 from tools import exercises
-from tools.course import grade, nbgrader_course, release
+from tools.course import grade, lessons, release
 from tools.notebooks import notebook_paths, read
 
 # grades every lesson with nbgrader, twice: `make unit` leaves it out
@@ -57,22 +58,22 @@ def graded(tmp_path_factory, request):
         hand_in(
             subs, "even", a, answered(released[a], lambda k, i: (SECOND if k % 2 else WRONG)[i])
         )
-    first = []
-    rows = grade.grade(subs, where, quick=True, timeout=600, say=first.append, jobs=2)
-    later = tmp / "later"
     hand_in(
-        later,
+        subs,
         "late",
         "logreg (final)",
         answered(released["02_logreg_lr_schedules"], lambda k, i: SECOND[i]),
     )
-    second = []
-    late_rows = grade.grade(later, where, quick=True, timeout=600, say=second.append, jobs=2)
+    said = []
+    rows = grade.grade(subs, where, quick=True, timeout=600, say=said.append, jobs=2)
+    # what a later grading of 02 does first: ask for the reference run of 01 (pair_settings)
+    again = []
+    reference = grade.reference_runs(where, "01_doc2vec_dbpedia", True, 600, say=again.append)
     return {
         "rows": rows,
-        "late": late_rows,
-        "report": "\n".join(first),
-        "late_report": "\n".join(second),
+        "report": "\n".join(said),
+        "again": again,
+        "reference": reference,
         "course": where,
     }
 
@@ -80,7 +81,7 @@ def graded(tmp_path_factory, request):
 def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exercise(graded):
     got = points(graded["rows"])
     expect = {}
-    for gid, max_points in nbgrader_course.POINTS.items():
+    for gid, max_points in lessons.POINTS.items():
         ex_id = gid.removesuffix("-test")
         k = int(ex_id.split("-ex")[1])
         expect["odd", ex_id] = 0.0 if k % 2 else float(max_points)
@@ -88,28 +89,19 @@ def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exe
     assert {key: got[key] for key in expect} == expect, graded["report"]
 
 
-def test_a_notebook_handed_in_alone_later_without_its_01_gets_full_points(graded):
-    got = points(graded["late"])
-    for gid, max_points in nbgrader_course.POINTS.items():
+def test_a_notebook_handed_in_alone_without_its_01_gets_full_points_from_the_reference_run(graded):
+    got = points(graded["rows"])
+    for gid, max_points in lessons.POINTS.items():
         if gid.startswith("nb02-"):
-            assert got["late", gid.removesuffix("-test")] == max_points, graded["late_report"]
+            assert got["late", gid.removesuffix("-test")] == max_points, graded["report"]
         elif gid.startswith("nb01-"):  # not handed in
             assert got["late", gid.removesuffix("-test")] == 0.0
     assert (
-        "graded logreg (final).ipynb as 02_logreg_lr_schedules.ipynb (renamed)"
-        in graded["late_report"]
+        "graded logreg (final).ipynb as 02_logreg_lr_schedules.ipynb (renamed)" in graded["report"]
     )
     # the features 02 read came from the course's own run of notebook 01, made once: the
-    # first grading made it, the later one reused it
-    assert (
-        graded["course"]
-        / "reference"
-        / "quick"
-        / "01_doc2vec_dbpedia"
-        / "runs"
-        / "features"
-        / "doc2vec_dbpedia"
-        / "metadata.json"
-    ).is_file()
+    # grading made it, and a later grading gets the same one without running 01 again
+    runs = graded["course"] / "reference" / "quick" / "01_doc2vec_dbpedia" / "runs"
+    assert (runs / "features" / "doc2vec_dbpedia" / "metadata.json").is_file()
     assert "reference run of 01_doc2vec_dbpedia" in graded["report"]
-    assert "reference run of" not in graded["late_report"]
+    assert graded["reference"] == runs and graded["again"] == []

@@ -106,3 +106,14 @@ def test_the_memory_guard_ends_the_processes_of_its_token_past_the_limit():
                 p.kill()
             p.wait()
     assert guard.tripped and guard.peak_mb > 200
+
+
+def test_a_worktrees_history_is_found_from_its_git_file(tmp_path):
+    own = tmp_path / "main" / ".git" / "worktrees" / "wt"
+    own.mkdir(parents=True)
+    (own / "commondir").write_text("../..\n")
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "wt" / ".git").write_text(f"gitdir: {own}\n")
+    found = sandbox._worktree_git_dirs(tmp_path / "wt" / ".git")
+    assert found == [own.resolve(), (tmp_path / "main" / ".git").resolve()]
+    assert sandbox._worktree_git_dirs(tmp_path / "main" / ".git") == []  # a clone's own folder

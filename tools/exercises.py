@@ -21,12 +21,12 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
-from tools.notebooks import read
+from tools.course.lessons import EXERCISE_ID
+from tools.notebooks import grade_id, read
 
 SOLUTION = re.compile(
     r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION[^\n]*$", re.S | re.M
 )
-EXERCISE_ID = re.compile(r"^(nb\d\d-ex\d+)-(prompt|solution|test)$")
 BACKTICKS = re.compile(r"`([^`]+)`")
 BUILTINS = set(dir(builtins))
 
@@ -131,8 +131,7 @@ def exercises(nb) -> dict[str, Exercise]:
     """The exercises of a notebook, by id (`nb02-ex3`), in order."""
     out: dict[str, Exercise] = {}
     for i, cell in enumerate(nb.cells):
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-        m = EXERCISE_ID.match(gid)
+        m = EXERCISE_ID.match(grade_id(cell) or "")
         if not m:
             continue
         ex = out.setdefault(m.group(1), Exercise(m.group(1)))
@@ -168,7 +167,7 @@ def contract_violations(path) -> list[str]:
             for indent, code in solution_regions(cell.source):
                 if indent:  # a function's or class's body: its names are local
                     continue
-                gid = cell.metadata.get("nbgrader", {}).get("grade_id", "a solution")
+                gid = grade_id(cell) or "a solution"
                 for name in module_bindings(textwrap.dedent(code)):
                     inside.setdefault(name, gid)
         own = f"{ex.id}-solution"

@@ -1,4 +1,4 @@
-"""Read the lesson notebooks: their order, titles, objectives and tagged cells."""
+"""Read the lesson notebooks: their order, titles, objectives, tagged cells and grade ids."""
 
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ def title_and_objectives(nb) -> tuple[str, list[str]]:
             elif line.strip() and objectives:
                 break
     return titles[0], objectives
+
+
+def grade_id(cell) -> str | None:
+    """A cell's nbgrader grade id, or None for a cell nbgrader does not track."""
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
 def tags(cell) -> set[str]:

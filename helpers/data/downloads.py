@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from helpers import config
-from helpers.files import atomic_path
+from helpers.files import atomic_path, sha256_of
 
 CHUNK = 1 << 20
 
@@ -93,15 +93,6 @@ class ChecksumError(DataError):
 
 
 # --------------------------------------------------------------------------- hashing
-
-
-def sha256_of(path: Path) -> str:
-    """Hash a file in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check_cached(path: Path, expected: str, what: str) -> None:

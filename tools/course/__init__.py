@@ -6,7 +6,7 @@
 Each lesson notebook is one nbgrader assignment of one notebook (id = its file stem, e.g.
 `01_doc2vec_dbpedia`), so a course can release them one at a time and a broken notebook costs
 only its own points. The lessons already carry nbgrader's cell metadata and BEGIN/END SOLUTION
-and HIDDEN TESTS regions; the points of every test cell are set here, in POINTS, and written
+and HIDDEN TESTS regions; the points of every test cell are set in lessons.POINTS, and written
 into the course's source copies.
 
 The work is nbgrader's: generate_assignment, autograde, generate_feedback, and its SQLite
@@ -23,6 +23,7 @@ an ETA, and ending every process a submission started, by PID.
     python -m tools.course merge             # after every shard is graded
 
 Modules, each importing only those above it:
+- lessons: the course's definition: exercise ids, points, what a lesson reads from another;
 - nbgrader_course: the course folder nbgrader works in: its config, the points, the gradebook,
   running nbgrader, ending what a submission started;
 - sandbox: the bubblewrap sandbox of a graded kernel, and the memory limit;
@@ -32,7 +33,8 @@ Modules, each importing only those above it:
 - merge: moving a graded submission from one course folder's gradebook into another's;
 - pair: one (student, notebook) graded in a course folder of its own, and merged back;
 - progress: the progress line and its ETA;
-- grade: autograding a class, N pairs at once, and what needs no running;
+- grade: autograding a class in stages (plan, sort, grade N pairs at once, merge, feedback,
+  report), and what needs no running;
 - shards: SHARD=i/m, and merging the shards;
 - __main__: the command line.
 """

@@ -14,7 +14,8 @@ from tools.course.release import release
 from tools.course.shards import merge_shards, parse_shard
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: release, grade and merge, with their options."""
     parser = argparse.ArgumentParser(
         description=tools.course.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -71,7 +72,11 @@ def main(argv=None) -> int:
                 help="i/m: grade the i-th (from 0) of m slices of the students into "
                 "COURSE/shards/ (m alone: i from Slurm or Kubernetes)",
             )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "release":
         for path in release(args.course, args.lessons, timeout=args.timeout):
             print(f"released {path}")

@@ -1,5 +1,5 @@
-"""The course folder nbgrader works in: its config, the points, the gradebook, and running
-nbgrader; and ending every process a submission started, by PID."""
+"""The course folder nbgrader works in: its config, a lesson's copy with points, the gradebook,
+and running nbgrader; and ending every process a submission started, by PID."""
 
 from __future__ import annotations
 
@@ -16,41 +16,11 @@ import psutil
 
 import helpers  # noqa: F401  (quiets TensorFlow in every kernel: they inherit os.environ)
 from helpers.config import REPO_ROOT as ROOT
+from tools.course.lessons import POINTS
+from tools.notebooks import grade_id
 
 COURSE_ID = "scaling-ml-labs"
 DEFAULT_COURSE = ROOT / "build" / "course"
-
-# Points of each exercise's test cell, by nbgrader grade id: the one place to change them.
-POINTS: dict[str, int] = {
-    "nb01-ex1-test": 3,
-    "nb01-ex2-test": 2,
-    "nb01-ex3-test": 2,
-    "nb01-ex4-test": 2,
-    "nb02-ex1-test": 3,
-    "nb02-ex2-test": 2,
-    "nb02-ex3-test": 3,
-    "nb03-ex1-test": 2,
-    "nb03-ex2-test": 2,
-    "nb03-ex3-test": 3,
-    "nb03-ex4-test": 2,
-    "nb04-ex1-test": 3,
-    "nb04-ex2-test": 2,
-    "nb04-ex3-test": 2,
-    "nb04-ex4-test": 2,
-    "nb05-ex1-test": 3,
-    "nb05-ex2-test": 2,
-    "nb05-ex3-test": 3,
-    "nb06-ex1-test": 3,
-    "nb06-ex2-test": 2,
-    "nb06-ex3-test": 3,
-    "nb07-ex1-test": 2,
-    "nb07-ex2-test": 2,
-    "nb07-ex3-test": 3,
-    "nb08-ex1-test": 2,
-    "nb08-ex2-test": 2,
-    "nb08-ex3-test": 2,
-    "nb08-ex4-test": 2,
-}
 
 CONFIG = """\
 # Written by python -m tools.course: the nbgrader configuration of this course folder.
@@ -97,11 +67,6 @@ KILLED = (
 )
 
 
-def grade_id(cell) -> str | None:
-    """A cell's nbgrader grade id, or None for a cell nbgrader does not track."""
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-
-
 def nbgrader_cells(nb) -> dict[str, dict]:
     """The cells of a notebook that nbgrader tracks, by grade id."""
     return {grade_id(c): c for c in nb.cells if grade_id(c) is not None}
@@ -130,16 +95,13 @@ def with_points(nb, points: dict[str, int] = POINTS, strict: bool = True):
     Not strict (a student's copy): cells unknown to `points` are left as they are.
     """
     out = nbformat.from_dict(nb)
-    for grade_id, cell in nbgrader_cells(out).items():
+    for gid, cell in nbgrader_cells(out).items():
         if cell.metadata["nbgrader"].get("grade"):
-            if grade_id not in points and not strict:
+            if gid not in points and not strict:
                 continue
-            if grade_id not in points:
-                raise KeyError(
-                    f"test cell {grade_id!r} has no points: add it to POINTS in "
-                    f"{Path(__file__).name}"
-                )
-            cell.metadata["nbgrader"]["points"] = points[grade_id]
+            if gid not in points:
+                raise KeyError(f"test cell {gid!r} has no points: add it to POINTS in lessons.py")
+            cell.metadata["nbgrader"]["points"] = points[gid]
     return out
 
 

@@ -19,18 +19,12 @@ import nbformat
 
 from helpers.files import atomic_path
 from tools.course import sandbox
+from tools.course.lessons import NEEDS
 from tools.course.merge import copy_submission, forget_submission, replace_files
 from tools.course.nbgrader_course import KILLED, gradebook_at, nbgrader, with_points, write_config
 from tools.course.report import cell_errors
 from tools.course.submissions import repair
-
-# What a lesson reads from an earlier one: {notebook: [(earlier notebook, path under runs/)]}.
-# When a notebook is graded, these come from the course's own reference run of the earlier
-# lesson (its solutions, made once per mode and reused), never from the student's own copy: a
-# notebook's grade never depends on the student's other notebooks.
-NEEDS: dict[str, list[tuple[str, str]]] = {
-    "02_logreg_lr_schedules": [("01_doc2vec_dbpedia", "features/doc2vec_dbpedia")],
-}
+from tools.notebooks import grade_id
 
 
 def autograde(
@@ -89,7 +83,7 @@ def autograde(
             else f"kernel stuck, {status}"
         )
         notes.append(
-            f"{meta['grade_id']}: ended the kernel ({how}); graded again with that "
+            f"{grade_id(nb.cells[index])}: ended the kernel ({how}); graded again with that "
             f"cell replaced by an error"
         )
         nb.cells[index].source = KILLED
@@ -121,16 +115,24 @@ class Settings:
     references: dict[str, Path]  # runs/ of the course's reference run of each lesson needed
 
 
-def grade_pair(
-    st: Settings, student: str, a: str, path: Path, release_nb
-) -> tuple[Path, bool, list[str]]:
+@dataclass
+class PairRun:
+    """One pair graded in its own folder, not yet merged into the course."""
+
+    work: Path  # its course folder, course/work/<student>/<notebook>/
+    ok: bool  # whether nbgrader's autograde succeeded
+    notes: list[str]  # what happened: cells put back, the kernel ended, cells that raised
+    seconds: float = 0.0  # how long it took
+
+
+def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> PairRun:
     """Grade one student's notebook `a` (the file at `path`) in a course folder of its own,
     course/work/<student>/<a>/: its own gradebook, nbgrader process, kernel, runs/ folder,
     ports and cluster, so that pairs can run at once. The course's gradebook and folders are
     not touched (merge_pair does that, in one thread).
 
-    Returns (that folder, whether autograde succeeded, what happened: deleted cells put back,
-    a failed autograde, the kernel ended, cells that raised)."""
+    Returns that folder, whether autograde succeeded, and what happened: deleted cells put
+    back, a failed autograde, the kernel ended, cells that raised."""
     notes: list[str] = []
     work = st.course / "work" / student / a
     shutil.rmtree(work, ignore_errors=True)
@@ -184,28 +186,29 @@ def grade_pair(
             f"see logs/autograde-{student}-{a}.log"
             + (f" ({last[0].strip()[:160]})" if last else "")
         )
-        return work, False, notes
+        return PairRun(work, False, notes)
     notes += cell_errors(here / f"{a}.ipynb")
-    return work, True, notes
+    return PairRun(work, True, notes)
 
 
 def feedback(course: Path, assignment: str, students: list[str]) -> str | None:
-    """nbgrader's feedback pages of `assignment` for `students`, all in one nbgrader process
-    (its start costs about as much as grading a notebook that does no work); None, or what
-    went wrong."""
+    """nbgrader's feedback pages of `assignment` (a glob: "*" is every notebook) for
+    `students`, all in one nbgrader process (its start costs about as much as grading a
+    notebook that does no work); None, or what went wrong."""
     others = sorted({p.name for p in (course / "autograded").iterdir()} - set(students))
+    name = "all" if assignment == "*" else assignment
     status, _ = nbgrader(
         course,
         "generate_feedback",
         assignment,
         "--force",
         f"--CourseDirectory.student_id_exclude={','.join(others)}",
-        log=course / "logs" / f"feedback-{assignment}.log",
+        log=course / "logs" / f"feedback-{name}.log",
     )
     return (
         None
         if status == 0
-        else (f"nbgrader generate_feedback failed ({status}); see logs/feedback-{assignment}.log")
+        else (f"nbgrader generate_feedback failed ({status}); see logs/feedback-{name}.log")
     )
 
 
@@ -239,9 +242,10 @@ def assignments_db(course: Path) -> None:
         con.close()
 
 
-def timed_pair(bar, st: Settings, student: str, a: str, path: Path, release_nb):
-    """grade_pair, shown on the progress line while it runs; (seconds it took, its result)."""
+def timed_pair(bar, st: Settings, student: str, a: str, path: Path, release_nb) -> PairRun:
+    """grade_pair, shown on the progress line while it runs, with the seconds it took."""
     bar.start(student, a)
     t0 = time.perf_counter()
-    result = grade_pair(st, student, a, path, release_nb)
-    return time.perf_counter() - t0, result
+    run = grade_pair(st, student, a, path, release_nb)
+    run.seconds = time.perf_counter() - t0
+    return run

@@ -1,16 +1,55 @@
-"""What grading tells: which cells failed and why, the points from the gradebook, grades.csv
-and report.txt."""
+"""What grading tells: which cells failed and why, the points from the gradebook, grades.csv,
+report.txt, and report.json (what became of each pair, which merging shards reads back)."""
 
 from __future__ import annotations
 
 import csv
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import nbformat
 
-from helpers.files import atomic_path
-from tools.course.nbgrader_course import grade_id, gradebook
-from tools.notebooks import read
+from helpers.files import atomic_path, write_json
+from tools.course.lessons import cell_id, exercise_of
+from tools.course.nbgrader_course import gradebook
+from tools.notebooks import grade_id, read
+
+REPORT_SCHEMA = 1  # the version of report.json's layout
+
+Outcome = Literal["graded", "kept", "absent", "broken"]  # ran; unchanged; not handed in; invalid
+
+
+@dataclass
+class PairOutcome:
+    """What became of one (student, notebook) in a grading run."""
+
+    student: str
+    notebook: str
+    outcome: Outcome
+    seconds: float = 0.0  # how long grading it took (0 when it did not run)
+    notes: list[str] = field(default_factory=list)  # what the report says about it
+
+
+def write_outcomes(course: Path, pairs: list[PairOutcome]) -> None:
+    """course/report.json: every pair's outcome, all or nothing."""
+    record = {"schema": REPORT_SCHEMA, "pairs": [asdict(p) for p in pairs]}
+    write_json(course / "report.json", record, indent=0)
+
+
+def read_outcomes(course: Path) -> list[PairOutcome]:
+    """The pairs' outcomes that write_outcomes left in course/report.json."""
+    path = course / "report.json"
+    record = json.loads(path.read_text())
+    schema = record.get("schema") if isinstance(record, dict) else None
+    if schema != REPORT_SCHEMA:
+        raise ValueError(
+            f"{path} has report schema {schema}, this grader reads {REPORT_SCHEMA}: "
+            f"grade that shard again with this version"
+        )
+    return [PairOutcome(**p) for p in record["pairs"]]
+
 
 # How a cell's error reads in the report: an interrupted cell is one that ran past the timeout.
 _ERROR_NAMES = {
@@ -60,7 +99,7 @@ def cell_errors(autograded: Path, mark: bool = True) -> list[str]:
         gid = grade_id(nb.cells[i])
         if gid is None:
             continue
-        own = gid.rsplit("-", 1)[0] + "-solution"
+        own = cell_id(exercise_of(gid), "solution") if exercise_of(gid) else None
         causes = [j for j in failed if j < i and grade_id(nb.cells[j]) in (None, own)]
         name = _error(nb.cells[i]).get("ename", "error")
         line = f"{gid}: {_ERROR_NAMES.get(name, name)}"
@@ -130,15 +169,17 @@ def write_grades_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def write_report(course: Path, rows: list[dict], report: list[tuple], say=print) -> None:
-    """Write grades.csv (rows) and report.txt ((student, notebook, seconds, notes) each); say it."""
+def write_report(course: Path, rows: list[dict], pairs: list[PairOutcome], say=print) -> None:
+    """Write grades.csv (rows) and report.txt (points, seconds and notes of each pair); say it."""
     write_grades_csv(course / "grades.csv", rows)
     lines = []
-    for student, a, seconds, notes in report:
-        got = sum(r["points"] for r in rows if r["student"] == student and r["notebook"] == a)
-        top = sum(r["max_points"] for r in rows if r["student"] == student and r["notebook"] == a)
-        lines.append(f"{student:16s} {a:34s} {got:5.1f} / {top:4.1f}  {seconds:6.1f} s")
-        lines += [f"{'':18s}- {note}" for note in notes]
+    for p in pairs:
+        mine = [r for r in rows if r["student"] == p.student and r["notebook"] == p.notebook]
+        got, top = sum(r["points"] for r in mine), sum(r["max_points"] for r in mine)
+        lines.append(
+            f"{p.student:16s} {p.notebook:34s} {got:5.1f} / {top:4.1f}  {p.seconds:6.1f} s"
+        )
+        lines += [f"{'':18s}- {note}" for note in p.notes]
     with atomic_path(course / "report.txt") as tmp:
         tmp.write_text("\n".join(lines) + "\n")
     for line in lines:

@@ -82,20 +82,16 @@ def _isolation() -> list[str]:
     ]
 
 
-def bwrap_command(
-    writable: list[Path], hidden: list[Path], workdir: Path, readable: list[Path] = ()
-) -> list[str]:
-    """The bwrap prefix of a sandboxed command: `writable` folders are the only ones it can
-    write (besides a private /tmp), `hidden` ones look empty, everything else is read-only.
-
-    What it needs to read (this Python, the helper package, the datasets, `readable`) is put
-    back when a hidden folder holds it; folders are mounted parents first.
-    """
+def _mounts(
+    writable: list[Path], hidden: list[Path], readable: list[Path]
+) -> list[tuple[Path, str]]:
+    """(folder or file, "hide" | "ro" | "rw") of bwrap_command, parents first."""
     home = Path.home()
     repo = config.REPO_ROOT
     # /run holds the host's Unix sockets (D-Bus, a container engine's): reachable through the
     # file system whatever the network namespace
     hide = [Path(p) for p in hidden] + [repo / part for part in SECRET_PARTS] + [Path("/run")]
+    hide += _worktree_git_dirs(repo / ".git")
     if home != Path("/"):
         hide.append(home)
     readable = [
@@ -115,9 +111,35 @@ def bwrap_command(
     mounts += [(Path(p).resolve(), "rw") for p in writable]
     # a readable folder under a hidden one comes back; one that holds a hidden one stays
     # visible around it: mounting by depth (parents first) gives both
-    mounts = sorted(
+    return sorted(
         {m for m in mounts if m[0].exists()}, key=lambda m: (len(m[0].parts), m[1], str(m[0]))
     )
+
+
+def _worktree_git_dirs(git: Path) -> list[Path]:
+    """Where a git worktree's history is, when `git` is its `.git` file (gitdir: ...): that
+    folder and the repository's common one; nothing for a plain clone."""
+    if not git.is_file():
+        return []
+    text = git.read_text().strip()
+    if not text.startswith("gitdir:"):
+        return []
+    own = (git.parent / text.removeprefix("gitdir:").strip()).resolve()
+    common = own / "commondir"
+    found = [own] + ([(own / common.read_text().strip()).resolve()] if common.is_file() else [])
+    return found
+
+
+def bwrap_command(
+    writable: list[Path], hidden: list[Path], workdir: Path, readable: list[Path] = ()
+) -> list[str]:
+    """The bwrap prefix of a sandboxed command: `writable` folders are the only ones it can
+    write (besides a private /tmp), `hidden` ones look empty, everything else is read-only.
+
+    What it needs to read (this Python, the helper package, the datasets, `readable`) is put
+    back when a hidden folder holds it; folders are mounted parents first.
+    """
+    mounts = _mounts(writable, hidden, readable)
     cmd = [
         "bwrap",
         *_isolation(),
@@ -132,7 +154,9 @@ def bwrap_command(
         "/tmp",
     ]
     for path, kind in mounts:
-        if kind == "hide":
+        if kind == "hide" and not path.is_dir():  # a file (a worktree's .git): empty
+            cmd += ["--ro-bind", "/dev/null", str(path)]
+        elif kind == "hide":
             cmd += ["--tmpfs", str(path)]
         elif kind == "ro":
             cmd += ["--ro-bind", str(path), str(path)]
@@ -140,7 +164,7 @@ def bwrap_command(
             cmd += ["--bind", str(path), str(path)]
     # the empty folders are made read-only last: the mounts above may need mount points there
     for path, kind in mounts:
-        if kind == "hide":
+        if kind == "hide" and path.is_dir():
             cmd += ["--remount-ro", str(path)]
     cmd += [
         "--chdir",

@@ -9,16 +9,16 @@ Slurm array jobs and Kubernetes Indexed Jobs give each task its index in a varia
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from tools.course.grade import KEPT
 from tools.course.merge import copy_submission, forget_submission, has_submission, replace_files
 from tools.course.nbgrader_course import DEFAULT_COURSE
 from tools.course.release import release
-from tools.course.report import gradebook_rows, write_report
+from tools.course.report import PairOutcome, gradebook_rows, read_outcomes, write_report
 
 
 def parse_shard(spec: str, env: dict = os.environ) -> tuple[int, int]:
@@ -72,31 +72,30 @@ def merge_shards(
     assignments = sorted(p.name for p in (course / "source").iterdir() if p.is_dir())
     report = {}
     for shard in shards:
-        for student, a, seconds, notes, outcome in json.loads((shard / "report.json").read_text()):
-            if outcome == "absent":  # nothing handed in: an earlier grade here stays
-                if has_submission(course, a, student):
-                    notes = [KEPT]
-                report[student, a] = (seconds, notes)
-                continue
-            report[student, a] = (seconds, notes)
-            if has_submission(shard, a, student):
-                copy_submission(shard, course, a, student)
-            else:  # broken, or its autograde failed: an earlier grade goes
-                forget_submission(course, a, student)
-            replace_files(shard, course, a, student)
-            stamp = shard / "graded" / student / f"{a}.json"
-            if stamp.is_file():
-                (course / "graded" / student).mkdir(parents=True, exist_ok=True)
-                shutil.copy(stamp, course / "graded" / student)
+        for pair in read_outcomes(shard):
+            report[pair.student, pair.notebook] = merge_shard_pair(shard, course, pair)
     students = sorted({s for s, _ in report})
     rows = gradebook_rows(course, students, assignments)
-    write_report(
-        course,
-        rows,
-        [(s, a, *report[s, a]) for s in students for a in assignments if (s, a) in report],
-        say,
-    )
+    pairs = [report[s, a] for s in students for a in assignments if (s, a) in report]
+    write_report(course, rows, pairs, say)
     for shard in shards:
         shutil.rmtree(shard)
     say(f"merged {len(shards)} shard(s): {', '.join(p.name for p in shards)}")
     return rows
+
+
+def merge_shard_pair(shard: Path, course: Path, pair: PairOutcome) -> PairOutcome:
+    """Bring one pair from a shard's folder into the course; its outcome there."""
+    student, a = pair.student, pair.notebook
+    if pair.outcome == "absent":  # nothing handed in: an earlier grade here stays
+        return replace(pair, notes=[KEPT]) if has_submission(course, a, student) else pair
+    if has_submission(shard, a, student):
+        copy_submission(shard, course, a, student)
+    else:  # broken, or its autograde failed: an earlier grade goes
+        forget_submission(course, a, student)
+    replace_files(shard, course, a, student)
+    stamp = shard / "graded" / student / f"{a}.json"
+    if stamp.is_file():
+        (course / "graded" / student).mkdir(parents=True, exist_ok=True)
+        shutil.copy(stamp, course / "graded" / student)
+    return pair

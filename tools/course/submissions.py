@@ -8,7 +8,8 @@ from pathlib import Path
 
 import nbformat
 
-from tools.course.nbgrader_course import grade_id, nbgrader_cells
+from tools.course.nbgrader_course import nbgrader_cells
+from tools.notebooks import grade_id
 
 
 @dataclass
