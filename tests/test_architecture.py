@@ -117,3 +117,35 @@ def test_no_module_is_too_long_to_read():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+MAX_FUNCTION_LINES = 80  # a function fits on a screen (the house style: about 40, 80 at most)
+FUNCTION_TREES = ("helpers", "tools")
+
+
+def long_functions(source: str, name: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions (nested ones too) in `source` longer than `limit` lines, as 'name:line f (n)'."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > limit:
+                found.append(f"{name}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen():
+    found = []
+    for name, path in sorted(_modules().items()):
+        if name.split(".")[0] in FUNCTION_TREES:
+            found += long_functions(path.read_text(), str(path.relative_to(REPO_ROOT)))
+    assert not found, f"split these into named parts (over {MAX_FUNCTION_LINES} lines): {found}"
+
+
+def test_the_length_check_counts_nested_functions():
+    body = "\n".join(f"    x{i} = {i}" for i in range(80))
+    source = f"def outer():\n    def inner():\n    {body.replace(chr(10), chr(10) + '    ')}\n"
+    assert [f.split(" ", 1)[1] for f in long_functions(source, "m.py")] == [
+        "outer (82 lines)",
+        "inner (81 lines)",
+    ]
