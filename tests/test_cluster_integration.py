@@ -297,19 +297,21 @@ def test_logreg_trains_on_dbpedia_features_from_a_file(cluster, shared_data, tmp
 
 def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster, capsys):
     spec = {2: {"dist": "exponential", "mean": 0.005}}
-    runs = [
-        cluster.train(
-            mode="sync", stragglers=spec, **THREE, **dict(COMMON, steps=20, progress=live)
+    runs, lasts = [], []
+    for live in ("text", True):  # outside a kernel, True draws text too
+        runs.append(
+            cluster.train(
+                mode="sync", stragglers=spec, **THREE, **dict(COMMON, steps=20, progress=live)
+            )
         )
-        for live in ("text", True)
-    ]  # outside a kernel, True draws text too
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[sync")]
+        lasts.append(lines[-1] if lines else "")
     delays = [steps_of(r).query("worker == 2").sort_values("step").delay_s.tolist() for r in runs]
     assert delays[0] == delays[1] and len(delays[0]) == 20 and min(delays[0]) > 0
     assert steps_of(runs[0]).query("worker == 0").delay_s.eq(0).all()
-    # the dashboard's text lines, the last of each run its final state
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[sync")]
-    finals = [line for line in lines if "PS v20 (20/20" in line]
-    assert len(finals) == 2 and all("w2 20 done" in line for line in finals), lines
+    # the dashboard's text lines: the last of each run is its final state (a frame drawn
+    # between the last update and the PS's final event may show v20 too)
+    assert all("PS v20 (20/20" in line and "w2 20 done" in line for line in lasts), lasts
     # the timeline shows each delay where the worker slept it
     sp = timeline.spans(runs[0].events)
     slept = sp[sp.phase == "delay"]
