@@ -27,3 +27,29 @@ def test_the_check_catches_an_unused_import(tmp_path):
     bad.write_text("import os\n")
     done = _ruff("check", "--no-cache", "--isolated", "--select", "F401", str(bad))
     assert done.returncode == 1 and "F401" in done.stdout
+
+
+def test_every_lesson_imports_helpers_before_tensorflow():
+    """helpers/__init__.py quiets TensorFlow's import notices only if it is imported first; an
+    import sorter moves or drops a bare `import helpers`, so this checks it stayed first."""
+    import nbformat
+
+    late = []
+    for path in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+        lines = [
+            line
+            for cell in nbformat.read(path, as_version=4).cells
+            if cell.cell_type == "code"
+            for line in cell.source.splitlines()
+        ]
+        tf = [
+            i
+            for i, line in enumerate(lines)
+            if line.startswith(("import tensorflow", "from tensorflow"))
+        ]
+        ours = [
+            i for i, line in enumerate(lines) if line.startswith(("import helpers", "from helpers"))
+        ]
+        if tf and (not ours or ours[0] > tf[0]):
+            late.append(path.name)
+    assert not late, f"import helpers before tensorflow in: {late}"
