@@ -558,6 +558,25 @@ ORPHAN_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _launcher_script(script: str, args: list[str], runs_dir, pdeathsig: str):
+    """A parent process running `script` (a LocalCluster's launcher), its runs in `runs_dir`."""
+    env = dict(os.environ, LABS_RUNS_DIR=str(runs_dir), LABS_PDEATHSIG=pdeathsig)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _first_report(parent):
+    """The JSON line the launcher script prints once its cluster has started."""
+    line = parent.stdout.readline()
+    assert line, "the launcher script died before starting its cluster"
+    return json.loads(line)
+
+
 def _updates_so_far(run_dir) -> int:
     try:
         return (run_dir / "ps-0.jsonl").read_text().count('"kind": "update"')
@@ -585,19 +604,10 @@ def _updates_so_far(run_dir) -> int:
 def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when, pdeathsig, ps):
     """LABS_PDEATHSIG=0 leaves only the portable lifeline (as on macOS): 0 survivors, idle and
     in the middle of a run; with Linux's prctl as well, the same; and with two PS tasks."""
-    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path), LABS_PDEATHSIG=pdeathsig)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", ORPHAN_SCRIPT, when, str(ps)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    parent = _launcher_script(ORPHAN_SCRIPT, [when, str(ps)], tmp_path, pdeathsig)
     pids = []
     try:
-        line = parent.stdout.readline()
-        assert line, "the launcher script died before starting its cluster"
-        pids = json.loads(line)
+        pids = _first_report(parent)
         assert all(psutil.pid_exists(p) for p in pids)
         if when == "mid-run":  # wait for the run to be well under way
             deadline = time.monotonic() + 120
@@ -649,19 +659,10 @@ def _stopped(pid) -> bool:
 def test_a_hung_node_goes_with_its_sigkilled_launcher(shared_data, tmp_path, hung, pdeathsig):
     """A node stopped by the hang fault runs neither its lifeline watcher nor a SIGTERM: it
     still ends within 10 s of its launcher's SIGKILL, with prctl and with the lifeline alone."""
-    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path), LABS_PDEATHSIG=pdeathsig)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", HUNG_SCRIPT, hung],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    parent = _launcher_script(HUNG_SCRIPT, [hung], tmp_path, pdeathsig)
     pids = []
     try:
-        line = parent.stdout.readline()
-        assert line, "the launcher script died before starting its cluster"
-        started = json.loads(line)
+        started = _first_report(parent)
         pids = started["pids"]
         deadline = time.monotonic() + 120
         while not _stopped(started["hung"]):
