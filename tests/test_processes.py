@@ -144,18 +144,22 @@ sys.stdin.read()
 """
 
 
-def _kill_parent_and_count_survivors(
-    pdeathsig: str, watch: str, grouped: str
-) -> tuple[bool, list[int]]:
-    env = dict(os.environ, LABS_PDEATHSIG=pdeathsig, WATCH=watch, GROUPED=grouped)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", ORPHAN_PARENT],
+def _parent(script: str, **env) -> subprocess.Popen:
+    """A parent process running `script` with these environment variables set."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=env,
+        env=dict(os.environ, **env),
         cwd=REPO_ROOT,
     )
+
+
+def _kill_parent_and_count_survivors(
+    pdeathsig: str, watch: str, grouped: str
+) -> tuple[bool, list[int]]:
+    parent = _parent(ORPHAN_PARENT, LABS_PDEATHSIG=pdeathsig, WATCH=watch, GROUPED=grouped)
     pids = []
     try:
         started = json.loads(parent.stdout.readline())
@@ -260,15 +264,7 @@ sys.stdin.read()
 
 def _kill_the_parent_of_a_stopped_child(who: str, pdeathsig: str) -> tuple[list, list]:
     """(guards started, processes left 10 s after the parent's SIGKILL)."""
-    env = dict(os.environ, LABS_PDEATHSIG=pdeathsig, WHO=who)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", HUNG_PARENT],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-    )
+    parent = _parent(HUNG_PARENT, LABS_PDEATHSIG=pdeathsig, WHO=who)
     pids = []
     try:
         started = json.loads(parent.stdout.readline())
