@@ -52,7 +52,14 @@ run: data
 # The fast tests (a few minutes); the slow ones (clusters, kernels, nbgrader) and the
 # notebooks run in `make test`.
 unit: $(STAMP)
-	$(PY) -m pytest -m "not slow" tests
+	$(PY) -m pytest $(XDIST) -m "not slow" tests
+
+# Tests run in TEST_JOBS pytest-xdist workers, a file at a time each (--dist loadfile: a
+# notebook's cells and a file's shared fixtures stay in one process), longest files first
+# (conftest.py's LONGEST_FIRST; --no-loadscope-reorder keeps that order). Many slow tests
+# mostly wait (clusters, timeouts, kernels), so two workers on two cores fill the gaps.
+TEST_JOBS ?= 2
+XDIST = -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 # pytest exits 5 when it collected nothing: that is a failure here, and says so.
 # The notebooks tests/test_executed_copies.py runs through the runner (and reads in a browser):
@@ -60,7 +67,7 @@ unit: $(STAMP)
 RUNNER_CHECKED = 01_doc2vec_dbpedia 02_logreg_lr_schedules 05_parameter_server
 
 test: data
-	LABS_QUICK=1 $(PY) -m pytest tests notebooks $(RUNNER_CHECKED:%=--ignore=notebooks/%.ipynb) \
+	LABS_QUICK=1 $(PY) -m pytest $(XDIST) tests notebooks $(RUNNER_CHECKED:%=--ignore=notebooks/%.ipynb) \
 	  --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT); \
 	  status=$$?; [ $$status -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$status
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -37,26 +38,96 @@ def shared_data() -> Path:
     return found
 
 
+# The files that take longest, longest first: `make test` spreads files over two workers
+# (pytest-xdist, --dist loadfile), and starting the long ones first keeps one worker from
+# finishing long before the other. The rest follow in collection order.
+LONGEST_FIRST = (
+    "tests/test_grading_answers.py",  # grades every lesson twice
+    "tests/test_cluster_integration.py",
+    "tests/test_course.py",
+    "tests/test_executed_copies.py",  # runs 01, 02 and 05
+    "tests/test_jupyterlab.py",
+    "notebooks/06_stragglers_and_backup_workers.ipynb",
+    "notebooks/08_multi_worker_strategies.ipynb",
+    "notebooks/04_multi_device_mnist.ipynb",
+    "notebooks/07_fault_tolerance.ipynb",
+    "notebooks/03_optimizer_sweep.ipynb",
+)
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(items):
+    """Longest files first (LONGEST_FIRST), each file's items in their own order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_file_of(item.nodeid), len(rank)))  # a stable sort
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and every child it has waited for (kernels, clusters)."""
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Carry the CPU seconds of each phase (set-up, call, teardown) on its report; with
+    pytest-xdist, the worker that ran it measures them and the report takes them along."""
+    outcome = yield
+    outcome.get_result().cpu_seconds = _cpu_seconds() - item.stash.get(_PHASE_START, 0.0)
+
+
+_PHASE_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_PHASE_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    item.stash[_PHASE_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item):
+    item.stash[_PHASE_START] = _cpu_seconds()
+
+
 _FILE_SECONDS: dict[str, float] = defaultdict(float)
+_FILE_CPU: dict[str, float] = defaultdict(float)
 
 
 def pytest_runtest_logreport(report):
-    """Add up wall time per test file (a notebook is one file), set-up and teardown included."""
-    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+    """Add up wall time and CPU seconds per test file (a notebook is one file), set-up and
+    teardown included."""
+    _FILE_SECONDS[_file_of(report.nodeid)] += report.duration
+    _FILE_CPU[_file_of(report.nodeid)] += getattr(report, "cpu_seconds", 0.0)
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print seconds per file, slowest first, so CI's time budget can be watched."""
+    """Print seconds per file, slowest first, so CI's time budget can be watched, with the CPU
+    seconds each cost: a file whose CPU seconds are far below its wall time mostly waits."""
     if not _FILE_SECONDS:
         return
-    terminalreporter.section("wall time per file")
+    terminalreporter.section("wall time per file, and CPU seconds (its processes and children)")
     for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
-    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f} s  total")
+        terminalreporter.write_line(f"{seconds:8.1f} s {_FILE_CPU[name]:8.1f} cpu-s  {name}")
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_line(f"{total:8.1f} s {sum(_FILE_CPU.values()):8.1f} cpu-s  total")
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """Fail the run if any process started under pytest is still alive at the end."""
+def _left_running() -> list[str]:
+    """Processes this one started (and their children) still alive after a grace period:
+    killed, by PID (they are ours), and named."""
     me = psutil.Process()
     deadline = time.monotonic() + 10  # grace for kernels and clusters still shutting down
     survivors = me.children(recursive=True)
@@ -67,16 +138,38 @@ def pytest_sessionfinish(session, exitstatus):
             for p in me.children(recursive=True)
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
         ]
-    if not survivors:
-        return
     lines = []
     for p in survivors:
         try:
             lines.append(f"  pid {p.pid}: {' '.join(p.cmdline())[:160]}")
-            p.kill()  # by PID: these are ours
+            p.kill()
         except psutil.NoSuchProcess:
             pass
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    return lines
+
+
+_WORKERS_LEFT: list[str] = []
+
+
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: what a worker found left running (see pytest_sessionfinish)."""
+    _WORKERS_LEFT.extend(getattr(node, "workeroutput", {}).get("left_running", []))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if any process started under pytest is still alive at the end. With
+    pytest-xdist each worker looks at its own children (a worker's orphans would leave the
+    controller's tree) and hands what it found to the controller, which fails the run."""
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker
+        config.workeroutput["left_running"] = _left_running()
+        return
+    controller = config.pluginmanager.has_plugin("dsession")
+    lines = _WORKERS_LEFT if controller else _left_running()
+    if not lines:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
     msg = "processes left running after the test session (now killed):\n" + "\n".join(lines)
     if reporter:
         reporter.write_line(msg, red=True)

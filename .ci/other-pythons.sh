@@ -6,7 +6,7 @@
 # Usage: bash .ci/other-pythons.sh [--install-only | --test-only] [3.12 3.13 ...]; exits
 # non-zero if any version fails. The environments install side by side (mostly downloads), so
 # CI starts --install-only in the background while the main tests run, then --test-only; the
-# tests run one version at a time.
+# tests run one version at a time, the fast ones in two pytest-xdist workers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=all
@@ -101,7 +101,7 @@ for v in $(printf '%s\n' "${ready[@]}" | sort); do
   # its name in the log instead of using up CI's whole budget
   echo "python $v: fast tests, then notebook 00 under nbval and the cluster smoke test"
   if secs=$(limit "python $v's fast tests"); then
-    timeout --kill-after=20 "$secs" ".venv-$v/bin/python" -m pytest -q -m "not slow" tests \
+    timeout --kill-after=20 "$secs" ".venv-$v/bin/python" -m pytest -q -n 2 -m "not slow" tests \
       || { echo "python $v: the fast tests failed (or ran past $secs s)" >&2; status=1; }
   else
     status=1

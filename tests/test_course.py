@@ -126,11 +126,15 @@ def points(rows):
 
 
 def grading_processes():
-    """Processes that any grading run started and that are still alive."""
+    """Processes that any grading run of this test session started and that are still alive
+    (with pytest-xdist, another worker's gradings are not this one's: a grading's processes
+    inherit the worker's PYTEST_XDIST_WORKER)."""
     left = []
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     for p in psutil.process_iter():
         try:
-            if "LABS_GRADING_TOKEN" in p.environ():
+            env = p.environ()
+            if "LABS_GRADING_TOKEN" in env and env.get("PYTEST_XDIST_WORKER") == worker:
                 left.append(p)
         except (psutil.Error, OSError):
             continue

@@ -173,3 +173,13 @@ def test_every_notebook_is_valid_for_its_nbformat_version(path):
     validator rejects it: each lesson validates against the schema of the version it declares."""
     nb = json.loads(path.read_text())
     nbformat.validate(nb, version=nb["nbformat"], version_minor=nb["nbformat_minor"])
+
+
+def test_make_test_starts_the_longest_files_first_and_each_names_a_file():
+    """conftest.LONGEST_FIRST orders `make test`'s files over its xdist workers: a renamed
+    file would silently drop to the back of the queue."""
+    from conftest import LONGEST_FIRST
+
+    for name in LONGEST_FIRST:
+        assert (REPO_ROOT / name).is_file(), name
+    assert "--no-loadscope-reorder" in (REPO_ROOT / "Makefile").read_text()

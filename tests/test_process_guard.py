@@ -1,15 +1,18 @@
-"""The test session itself fails, and cleans up, when a test leaves a process running."""
+"""The test session itself fails, and cleans up, when a test leaves a process running: in a
+plain run, and in one spread over pytest-xdist's workers (as `make test` runs)."""
 
 import subprocess
 import sys
 import textwrap
 
 import psutil
+import pytest
 
 from helpers.config import REPO_ROOT
 
 
-def test_session_fails_and_kills_a_leftover_child(tmp_path):
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_session_fails_and_kills_a_leftover_child(tmp_path, workers):
     leaky = tmp_path / "test_leaky.py"
     pid_file = tmp_path / "pid"
     leaky.write_text(
@@ -33,6 +36,7 @@ def test_session_fails_and_kills_a_leftover_child(tmp_path):
             "conftest",
             "--rootdir",
             str(tmp_path),
+            *workers,
             str(leaky),
         ],
         cwd=REPO_ROOT,
