@@ -1,5 +1,7 @@
-"""`make run`'s runner: Ctrl-C stops it with an INTERRUPTED row, exit 130 and no kernel left."""
+"""`make run`'s runner: Ctrl-C stops it with an INTERRUPTED row, exit 130 and no kernel left;
+the executed copies hold their figures whatever MPLBACKEND the shell sets."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -76,3 +78,24 @@ def test_ctrl_c_reports_interrupted_and_leaves_no_kernel(tmp_path):
     while psutil.pid_exists(kernel) and psutil.Process(kernel).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"kernel pid {kernel} still running"
         time.sleep(0.2)
+
+
+def test_figures_reach_the_executed_copy_when_the_shell_sets_a_backend(tmp_path):
+    notebook(
+        tmp_path / "01_plots.ipynb",
+        "import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\nplt.show()",
+    )
+    env = dict(os.environ, MPLBACKEND="Agg")  # as CI, or a server's image, sets
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path)]
+        + ["--out", str(tmp_path / "build")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "MPLBACKEND=Agg is set" in out.stdout
+    [cell] = nbformat.read(str(tmp_path / "build" / "01_plots.ipynb"), as_version=4).cells
+    assert any("image/png" in o.get("data", {}) for o in cell.outputs), cell.outputs

@@ -218,6 +218,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         os.environ["LABS_QUICK"] = "1"
+    backend = os.environ.pop("MPLBACKEND", "")
+    if backend and "inline" not in backend:
+        # the kernels inherit this environment, and ipykernel draws figures into the
+        # notebook only when MPLBACKEND is unset: the executed copies would have none
+        print(f"MPLBACKEND={backend} is set: the kernels leave it out, to draw their figures")
     from helpers.config import is_quick  # the kernels' own rule, so both agree on the mode
 
     mode = "quick" if is_quick() else "full"

@@ -87,7 +87,6 @@ def run_lesson(path: Path, into: Path, quick: bool, timeout: int) -> None:
         LABS_RUNS_DIR=str(into / "runs"),
         LABS_GRADING_TOKEN=token,
         LABS_QUICK="1" if quick else "0",
-        MPLBACKEND="Agg",
     )
     cmd = [sys.executable, "-m", "tools.run_notebooks", "--only", path.stem]
     cmd += ["--dir", str(path.parent), "--out", str(into / "build"), "--timeout", str(timeout)]
