@@ -16,7 +16,14 @@ import subprocess
 import sys
 
 from helpers.system import netns
-from helpers.system.processes import die_with_parent, free_ports, kill_group, spawn, watch_lifeline
+from helpers.system.processes import (
+    die_with_parent,
+    free_ports,
+    kill_group,
+    spawn,
+    watch_lifeline,
+    without_scikit_learn,
+)
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
 MAILBOX = "demo/mailbox"  # shared_name of a PS queue of messages
@@ -184,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--first", action="store_true", help="client: initialise the shared state")
     p.add_argument("--parent-pid", type=int, default=None)
     args = p.parse_args(argv)
+    without_scikit_learn()
     if args.role == "drive":
         die_with_parent(args.parent_pid)  # entering the namespace may clear PDEATHSIG
         drive(args.port)

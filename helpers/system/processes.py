@@ -213,6 +213,15 @@ def hang(pid: int) -> None:
 _NAMES = itertools.count()
 
 
+def without_scikit_learn() -> None:
+    """In a process that trains but never uses scikit-learn (a cluster node, a TF_CONFIG
+    task, a replica configuration): make `import sklearn` fail, before TensorFlow is
+    imported. TensorFlow imports all of Keras, and Keras imports scikit-learn for its
+    scikit-learn wrappers when it can, which it does without when it cannot: a sixth of
+    every such process's start-up, repeated for each process of every cluster."""
+    sys.modules.setdefault("sklearn", None)  # None: the import system raises ImportError
+
+
 def unique_name(prefix: str) -> str:
     """A name no other process group of this machine uses: prefix-date-time-pid-counter."""
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_NAMES)}"
