@@ -22,7 +22,7 @@ from helpers.system.processes import (
     kill_group,
     spawn,
     watch_lifeline,
-    without_scikit_learn,
+    without_sklearn_and_matplotlib,
 )
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--first", action="store_true", help="client: initialise the shared state")
     p.add_argument("--parent-pid", type=int, default=None)
     args = p.parse_args(argv)
-    without_scikit_learn()
+    without_sklearn_and_matplotlib()
     if args.role == "drive":
         die_with_parent(args.parent_pid)  # entering the namespace may clear PDEATHSIG
         drive(args.port)
