@@ -311,30 +311,24 @@ def test_a_guard_exits_once_its_stopped_process_is_ended(tmp_path):
     assert psutil.wait_procs(guards, timeout=5)[1] == []
 
 
-def test_a_training_process_starts_keras_without_sklearn_and_matplotlib():
+def test_a_training_process_starts_keras_lean_keras_import():
     """Cluster nodes, TF_CONFIG tasks and replica configurations call
-    without_sklearn_and_matplotlib() first: TensorFlow's Keras then trains without importing
+    lean_keras_import() first: TensorFlow's Keras then trains without importing
     either (a third of the import)."""
     code = (
         "import sys\n"
-        "from helpers.system.processes import without_sklearn_and_matplotlib\n"
-        "without_sklearn_and_matplotlib()\n"
+        "from helpers.system.processes import lean_keras_import\n"
+        "lean_keras_import()\n"
         "import tensorflow as tf, keras\n"
         "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])\n"
         "m.compile(optimizer='sgd', loss='mse')\n"
         "m.fit(tf.zeros((4, 3)), tf.zeros((4, 2)), verbose=0)\n"
-        "print(sys.modules['sklearn'] is None and sys.modules['matplotlib'] is None)\n"
+        "print(all(sys.modules[m] is None for m in ('sklearn', 'matplotlib', 'pandas')))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
     )
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
     for module in ("node", "strategies", "psdemo"):
-        assert (
-            "without_sklearn_and_matplotlib()"
-            in (REPO_ROOT / f"helpers/cluster/{module}.py").read_text()
-        )
-    assert (
-        "without_sklearn_and_matplotlib()"
-        in (REPO_ROOT / "helpers/training/mirrored.py").read_text()
-    )
+        assert "lean_keras_import()" in (REPO_ROOT / f"helpers/cluster/{module}.py").read_text()
+    assert "lean_keras_import()" in (REPO_ROOT / "helpers/training/mirrored.py").read_text()

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from helpers.system.control import Cmd, Event, event_line
-from helpers.system.processes import without_sklearn_and_matplotlib
+from helpers.system.processes import lean_keras_import
 
 
 class Node:
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     p.add_argument("--parent-pid", type=int, default=None)
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
-    without_sklearn_and_matplotlib()
+    lean_keras_import()
     if args.control:
         from helpers.system.processes import die_with_parent
 

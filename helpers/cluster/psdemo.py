@@ -20,9 +20,9 @@ from helpers.system.processes import (
     die_with_parent,
     free_ports,
     kill_group,
+    lean_keras_import,
     spawn,
     watch_lifeline,
-    without_sklearn_and_matplotlib,
 )
 
 SHARED = "demo/counter"  # shared_name of the PS variable every client can find
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--first", action="store_true", help="client: initialise the shared state")
     p.add_argument("--parent-pid", type=int, default=None)
     args = p.parse_args(argv)
-    without_sklearn_and_matplotlib()
+    lean_keras_import()
     if args.role == "drive":
         die_with_parent(args.parent_pid)  # entering the namespace may clear PDEATHSIG
         drive(args.port)

@@ -22,7 +22,7 @@ from helpers import files
 from helpers.data.arrays import load_arrays
 from helpers.system.control import Event, event_line
 from helpers.system.netns import loopback_tx_bytes
-from helpers.system.processes import without_sklearn_and_matplotlib
+from helpers.system.processes import lean_keras_import
 
 # The engine's loader (same seeded subset and scaling) and accuracy (argmax over test batches).
 from helpers.training.models import MODELS, accuracy, build
@@ -373,7 +373,7 @@ def run_server() -> None:
 def main(argv: list[str]) -> None:
     """Run the job file argv[0] in the role TF_CONFIG gives this process; argv[1], if given,
     is the launcher's PID: this task is SIGKILLed when the launcher dies (TF catches SIGTERM)."""
-    without_sklearn_and_matplotlib()
+    lean_keras_import()
     if len(argv) > 1:
         from helpers.system.processes import die_with_parent
 

@@ -213,13 +213,14 @@ def hang(pid: int) -> None:
 _NAMES = itertools.count()
 
 
-def without_sklearn_and_matplotlib() -> None:
-    """In a process that trains but never plots nor uses scikit-learn (a cluster node, a
-    TF_CONFIG task, a replica configuration): make importing either fail, before TensorFlow
-    is imported. TensorFlow imports all of Keras, and Keras imports scikit-learn (for its
-    wrappers) and matplotlib (for its image plots) when it can, and does without them when it
-    cannot: a third of every such process's start-up, repeated for each process of a cluster."""
-    for name in ("sklearn", "matplotlib"):
+def lean_keras_import() -> None:
+    """In a process that trains but never plots, makes tables or uses scikit-learn (a cluster
+    node, a TF_CONFIG task, a replica configuration): make importing those libraries fail,
+    before TensorFlow is imported. TensorFlow imports all of Keras, and Keras imports
+    scikit-learn (for its wrappers), matplotlib (image plots) and pandas (DataFrame inputs)
+    when it can, and does without them when it cannot: over a third of every such process's
+    start-up, repeated for each process of a cluster."""
+    for name in ("sklearn", "matplotlib", "pandas"):
         sys.modules.setdefault(name, None)  # None: the import system raises ImportError
 
 

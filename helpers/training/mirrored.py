@@ -273,9 +273,9 @@ def _inject_fault(spec: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from helpers.system.processes import watch_lifeline, without_sklearn_and_matplotlib
+    from helpers.system.processes import lean_keras_import, watch_lifeline
 
-    without_sklearn_and_matplotlib()
+    lean_keras_import()
     watch_lifeline()  # end with the kernel that started this configuration, on any system
     faulthandler.enable(all_threads=True)  # a crash prints every thread's Python stack to the log
     spec = json.loads(open(argv[0]).read())
