@@ -30,15 +30,13 @@ find_python() {  # an interpreter for minor version $1, or nothing
 
 install() {  # the pinned packages into .venv-$1 (interpreter $2); its pip log: .venv-$1-pip.log
   # The project itself is installed later, one version at a time: an editable install writes
-  # its metadata into this folder, which two installs at once would race for. --no-compile:
-  # these environments only run tests, so Python compiles what they import as they import it
-  # instead of all 2.5 GB up front, while the main tests need the cores.
+  # its metadata into this folder, which two installs at once would race for.
   local venv=".venv-$1" log=".venv-$1-pip.log"
   { [ -x "$venv/bin/python" ] || "$2" -m venv "$venv"; } > "$log" 2>&1 \
     && "$venv/bin/python" -m pip install -q --upgrade pip >> "$log" 2>&1 \
     && "$venv/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open(
          "pyproject.toml", "rb"))["project"]["dependencies"]))' > "$venv/requirements.txt" \
-    && "$venv/bin/python" -m pip install -q --no-compile -r "$venv/requirements.txt" >> "$log" 2>&1
+    && "$venv/bin/python" -m pip install -q -r "$venv/requirements.txt" >> "$log" 2>&1
 }
 
 STEP_LIMIT=${STEP_LIMIT:-900}  # seconds: an install, the fast tests, or the notebook and smoke
