@@ -76,30 +76,25 @@ def _cpu_seconds() -> float:
     )
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Carry the CPU seconds of each phase (set-up, call, teardown) on its report; with
-    pytest-xdist, the worker that ran it measures them and the report takes them along."""
-    outcome = yield
-    outcome.get_result().cpu_seconds = _cpu_seconds() - item.stash.get(_PHASE_START, 0.0)
-
-
 _PHASE_START = pytest.StashKey[float]()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Mark where the first phase (set-up) of an item starts, for pytest_runtest_makereport."""
     item.stash[_PHASE_START] = _cpu_seconds()
+    yield
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item):
-    item.stash[_PHASE_START] = _cpu_seconds()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item):
-    item.stash[_PHASE_START] = _cpu_seconds()
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Carry the CPU seconds of each phase (set-up, call, teardown) on its report: from the end
+    of the previous phase to this report. With pytest-xdist, the worker that ran it measures
+    them and the report takes them along."""
+    outcome = yield
+    now = _cpu_seconds()
+    outcome.get_result().cpu_seconds = now - item.stash[_PHASE_START]
+    item.stash[_PHASE_START] = now
 
 
 _FILE_SECONDS: dict[str, float] = defaultdict(float)

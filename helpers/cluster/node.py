@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from helpers.system.control import Cmd, Event, event_line
-from helpers.system.processes import lean_keras_import
+from helpers.system.processes import die_with_parent, lean_keras_import
 
 
 class Node:
@@ -158,8 +158,6 @@ def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     lean_keras_import()
     if args.control:
-        from helpers.system.processes import die_with_parent
-
         die_with_parent(args.parent_pid)
         proto = os.fdopen(os.dup(1), "w")  # the launcher's channel; fd 1 now goes to the log
         os.dup2(2, 1)

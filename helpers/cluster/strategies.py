@@ -22,7 +22,7 @@ from helpers import files
 from helpers.data.arrays import load_arrays
 from helpers.system.control import Event, event_line
 from helpers.system.netns import loopback_tx_bytes
-from helpers.system.processes import lean_keras_import
+from helpers.system.processes import die_with_parent, lean_keras_import
 
 # The engine's loader (same seeded subset and scaling) and accuracy (argmax over test batches).
 from helpers.training.models import MODELS, accuracy, build
@@ -375,8 +375,6 @@ def main(argv: list[str]) -> None:
     is the launcher's PID: this task is SIGKILLed when the launcher dies (TF catches SIGTERM)."""
     lean_keras_import()
     if len(argv) > 1:
-        from helpers.system.processes import die_with_parent
-
         die_with_parent(int(argv[1]), signal.SIGKILL)
     job = validate(json.loads(Path(argv[0]).read_text()))
     if job["kind"] == "server":
