@@ -33,6 +33,9 @@ class Kind(enum.StrEnum):
     FINAL = "final"  # PS, the run's end: version, test_accuracy, wall_s
 
 
+PS_STAMPS = ("reached", "granted")  # read on PS task 0's clock when the step fetched
+
+
 class StepStamps(NamedTuple):
     """Wall-clock times (time.time(), s) of one worker step's phases, in order.
 
@@ -40,7 +43,8 @@ class StepStamps(NamedTuple):
     push it;
     then a simulated straggler sleeps its delay (the event's delay_s) after `returned`.
     The stamps in the middle are tf.timestamp() taken inside the step function, the token's
-    on the PS itself (one machine: one clock).
+    on PS task 0 itself (PS_STAMPS): on several hosts, two clocks (rundir puts both on the
+    driver's).
     """
 
     waiting: float  # began waiting: the call's start, or async's one wait for the first token

@@ -96,7 +96,15 @@ class WorkerWatch:
                 if gone:
                     self._dead(w, pid)
 
-    def _dead(self, w: int, pid: int) -> None:
+    def lost(self, w: int, pid: int | None = None) -> None:
+        """The launcher says worker w's process is gone (on another host, where this PS cannot
+        see its PID): mark it dead, once, unless it has finished."""
+        with self._lock:
+            if w not in self._alive or w in self._finished:
+                return
+        self._dead(w, pid)
+
+    def _dead(self, w: int, pid: int | None) -> None:
         """Mark worker w dead and wake whatever of the PS loop waits for it."""
         with self._lock:
             self._alive.discard(w)

@@ -16,20 +16,23 @@ import json
 import os
 import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
+from helpers.system import clock
 from helpers.system.control import Cmd, Event, event_line
-from helpers.system.processes import die_with_parent, lean_keras_import
+from helpers.system.processes import die_with_parent, lean_keras_import, lifeline_on_stdin
 
 
 class Node:
     """The TF side of one process: connect, then run training runs."""
 
-    def __init__(self, cluster: dict, job: str, task: int, proto):
+    def __init__(self, cluster: dict, job: str, task: int, say=None):
         import tensorflow as tf
 
-        self.tf, self.cluster, self.job, self.task, self.proto = tf, cluster, job, task, proto
+        self.tf, self.cluster, self.job, self.task, self._say = tf, cluster, job, task, say
+        self.on_dead = None  # PS task 0 on another host: called with a worker the launcher lost
         self.ps_addrs = list(cluster["ps"])
         self.ps_devices = [
             f"/job:ps/replica:0/task:{t}/device:CPU:0" for t in range(len(self.ps_addrs))
@@ -86,9 +89,8 @@ class Node:
 
     def say(self, event: Event, **fields) -> None:
         """Send one message to the launcher (helpers.system.control)."""
-        if self.proto is not None:
-            self.proto.write(event_line(event, **fields))
-            self.proto.flush()
+        if self._say is not None:
+            self._say(event, **fields)
 
     # ---------------------------------------------------------------- entry
     def run(
@@ -133,6 +135,7 @@ class Node:
             return loop.run()
         finally:
             log.close()
+            self.on_dead = None
             # a node serves many runs: drop this run's model, traced functions and data
             # (each loop's tf.function refers back to the loop), or every run adds ~20 MB
             loop = model = data = res = None
@@ -154,22 +157,48 @@ def main(argv=None) -> int:
     p.add_argument("--run", help="standalone: the run config JSON to train once, then exit")
     p.add_argument("--control", action="store_true", help="read run commands from stdin")
     p.add_argument("--parent-pid", type=int, default=None)
+    p.add_argument(
+        "--remote",
+        action="store_true",
+        help="on another host than the launcher: stdin is the lifeline; answer its pings",
+    )
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     lean_keras_import()
+    clock.use_shift_of(f"{args.job}:{args.task}")
+    say, commands, node = None, None, None
     if args.control:
-        die_with_parent(args.parent_pid)
         proto = os.fdopen(os.dup(1), "w")  # the launcher's channel; fd 1 now goes to the log
         os.dup2(2, 1)
-    else:
-        proto = None
+        lock = threading.Lock()  # the main thread and the lifeline's reader both answer
+
+        def say(event, **fields):
+            with lock:
+                proto.write(event_line(event, **fields))
+                proto.flush()
+
+        if args.remote:
+
+            def handle_now(msg) -> bool:
+                if msg.get("cmd") == Cmd.PING:
+                    say(Event.PONG, t=msg["t"], node_t=clock.now())
+                    return True
+                if msg.get("cmd") == Cmd.DEAD:
+                    if node is not None and node.on_dead is not None:
+                        node.on_dead(int(msg["worker"]))
+                    return True
+                return False
+
+            commands = lifeline_on_stdin(handle_now)
+        else:
+            die_with_parent(args.parent_pid)
     os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
     from helpers.cluster.protocol import validate
     from helpers.cluster.rundir import RunDir, read_cluster
 
     cluster = read_cluster(args.cluster)
 
-    node = Node(cluster, args.job, args.task, proto)
+    node = Node(cluster, args.job, args.task, say)
     node.say(Event.READY, job=args.job, task=args.task, pid=os.getpid())
     print(f"{args.job}:{args.task} ready (pid {os.getpid()})", file=sys.stderr, flush=True)
     if args.run:
@@ -179,8 +208,8 @@ def main(argv=None) -> int:
             node.wait_for_ps0_to_end()
         print(json.dumps(result), flush=True)
         return 0
-    for line in sys.stdin:  # EOF: the launcher is gone
-        cmd = json.loads(line)
+    lines = iter(commands.get, None) if commands is not None else map(json.loads, sys.stdin)
+    for cmd in lines:  # EOF: the launcher is gone
         if cmd["cmd"] == Cmd.EXIT:
             break
         cfg, record = RunDir.read_config(cmd["config"])

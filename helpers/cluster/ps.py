@@ -37,6 +37,7 @@ class PSLoop:
         self.model, self.res, self.test = model, res, test
         self.ps_pids = {int(k): v for k, v in (ps_pids or {}).items()}  # other PS tasks' PIDs
         self.watch = WorkerWatch(cfg, res, log, worker_pids)  # who is alive, heard, done
+        node.on_dead = self.watch.lost  # the launcher's word on a worker on another host
         self.clock = {w: 0 for w in cfg.worker_ids}  # pushes applied per worker (SSP)
         self.granted = {w: 0 for w in cfg.worker_ids}
         self.waiting: list[tuple[int, int]] = []  # (worker, version) pushes owed a token

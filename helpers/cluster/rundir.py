@@ -19,7 +19,6 @@ version; one written by a newer version of this code is refused with an error na
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,7 +26,8 @@ from typing import Callable
 import numpy as np
 
 from helpers import files
-from helpers.cluster.events import Kind
+from helpers.cluster.events import PS_STAMPS, Kind, StepStamps
+from helpers.system import clock
 
 SCHEMA = 1  # the record's layout; a record without a version is of version 1
 
@@ -189,9 +189,18 @@ class RunDir:
 
 
 def _parsed(line: str, source: str, offsets: dict[str, float]) -> dict:
+    """One event, its times on the driver's clock: each stamp less the offset of the clock
+    that read it (a step's token stamps are read on PS task 0, when the step fetched)."""
     row = json.loads(line)
     row["source"] = source
-    row["t"] -= offsets.get(source, 0.0)
+    own = offsets.get(source, 0.0)
+    row["t"] -= own
+    stamps = row.get("stamps")
+    if stamps is not None and row.get("kind") == Kind.STEP and offsets:
+        ps = offsets.get("ps-0", 0.0) if row.get("fetched", True) else own
+        row["stamps"] = [
+            v - (ps if field in PS_STAMPS else own) for field, v in zip(StepStamps._fields, stamps)
+        ]
     return row
 
 
@@ -205,7 +214,7 @@ class EventLog:
 
     def write(self, kind: Kind, **fields) -> None:
         """Record one event with its wall time (ValueError for a kind not in Kind)."""
-        fields = {"t": time.time(), "kind": str(Kind(kind)), **fields}
+        fields = {"t": clock.now(), "kind": str(Kind(kind)), **fields}
         self._f.write(json.dumps(fields) + "\n")
 
     def close(self) -> None:

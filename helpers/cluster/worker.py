@@ -33,9 +33,15 @@ from helpers.cluster.wire import (
     pack_by_dtype,
     unpack,
 )
+from helpers.system import clock
 from helpers.training import compression
 
 WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
+
+
+def _stamp():
+    """tf.timestamp() on this worker's clock, as clock.now() reads it (traced into the step)."""
+    return tf.timestamp() + clock.SHIFT if clock.SHIFT else tf.timestamp()
 
 
 class WorkerLoop:
@@ -96,7 +102,7 @@ class WorkerLoop:
                 token, reached, granted, arrived = self._pull(wait)
             else:
                 token = tf.zeros([len(Token._fields)], tf.int64)
-                arrived = granted = reached = tf.timestamp()
+                arrived = granted = reached = _stamp()
             loss, computed = self._compute(x, y, arrived)
             pushed = self._push(local_step, computed) if push else computed
             stamps = tf.stack([reached, granted, arrived, computed, pushed])
@@ -114,7 +120,7 @@ class WorkerLoop:
             var.assign(value)
         self.version_read.assign(version)
         with tf.control_dependencies(values):
-            arrived = tf.timestamp()  # the token and the parameters are here
+            arrived = _stamp()  # the token and the parameters are here
         return token, reached, granted, arrived
 
     def _take_token(self, wait: bool):
@@ -172,7 +178,7 @@ class WorkerLoop:
         if self.cfg.n_fetch > 1:  # Downpour: keep training the local copy between fetches
             summed += [var.assign_sub(self.cfg.lr * g) for var, g in zip(variables, grads)]
         with tf.control_dependencies(summed):
-            computed = tf.timestamp()  # the gradient is computed and added up here
+            computed = _stamp()  # the gradient is computed and added up here
         return loss, computed
 
     def _push(self, local_step, computed):
@@ -192,7 +198,7 @@ class WorkerLoop:
         meta, arrived_at = self._send_pieces(meta)
         sent = self._deliver(meta, arrived_at, local_step)
         with tf.control_dependencies([sent, computed]):
-            pushed = tf.timestamp()  # the PS holds the push (async: has applied it)
+            pushed = _stamp()  # the PS holds the push (async: has applied it)
         for a in self.acc:
             a.assign(tf.zeros_like(a))
         return pushed
@@ -365,7 +371,7 @@ class WorkerLoop:
         cfg, waits_every_step = self.cfg, self.cfg.mode in WAITING_MODES
         fetch = self.downpour.fetch(step)
         push = self.downpour.accumulate()
-        t = time.time()  # wall clock, as tf.timestamp()
+        t = clock.now()  # wall clock, as the step's own stamps
         loss, version_read, tok, stamps = self.step(
             self.x[idx],
             self.y[idx],
@@ -375,7 +381,7 @@ class WorkerLoop:
             waits_every_step,
         )
         loss, version_read = float(loss), int(version_read)
-        returned = time.time()
+        returned = clock.now()
         reached, granted, arrived, computed, pushed = (float(v) for v in stamps.numpy())
         compute_s = returned - t
         if waits_every_step:  # the call waited for its token, then computed
@@ -436,9 +442,9 @@ class WorkerLoop:
                         hang(os.getpid())
                 wait_s, waited = 0.0, None
                 if step == 0 and not waits_every_step:  # async: once, then never again
-                    waited = time.time()
+                    waited = clock.now()
                     token = self._token()
-                    wait_s = time.time() - waited
+                    wait_s = clock.now() - waited
                 token = self._step_once(step, next(batches), waited, wait_s, token)
                 step += 1
         except ended:

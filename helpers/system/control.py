@@ -4,6 +4,8 @@ Parent to child, on the child's stdin (the cluster's nodes only):
 
     {"cmd": "run", "config": "<run dir>/config.json", "worker_pids": {"0": pid, ...}}
     {"cmd": "exit"}
+    {"cmd": "ping", "t": driver time}       a node on another host: answer at once (pong)
+    {"cmd": "dead", "worker": w}            to PS task 0 on another host: worker w is gone
 
 Child to parent, on the child's protocol stream (its stdout; a node keeps its real stdout
 for this and sends its prints to stderr, the log):
@@ -12,6 +14,7 @@ for this and sends its prints to stderr, the log):
     {"event": "training"}            a TF_CONFIG task has started training (logs and tests)
     {"event": "done", "result": {...}, "run": run id (a node)}
     {"event": "error", "error": "Type: message", "run": run id}
+    {"event": "pong", "t": the ping's t, "node_t": the node's clock}
 
 and, added by the parent's reader (ChildProcess) when the child's stdout closes:
 
@@ -32,6 +35,8 @@ class Cmd(enum.StrEnum):
 
     RUN = "run"  # fields: config (path of the RunConfig JSON), worker_pids
     EXIT = "exit"
+    PING = "ping"  # field: t (the driver's clock); a node on another host answers PONG at once
+    DEAD = "dead"  # field: worker (a worker on another host is gone; to PS task 0)
 
 
 class Event(enum.StrEnum):
@@ -41,6 +46,7 @@ class Event(enum.StrEnum):
     TRAINING = "training"
     DONE = "done"  # field: result (any JSON)
     ERROR = "error"  # field: error ("Type: message")
+    PONG = "pong"  # fields: t (the ping's), node_t (the node's clock when it answered)
     EOF = "eof"  # never sent: the parent's reader adds it when the child's stdout closes
 
 

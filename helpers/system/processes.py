@@ -165,6 +165,40 @@ def die_with_parent(parent_pid: int | None, sig: int = signal.SIGKILL) -> None:
         os._exit(1)
 
 
+def lifeline_on_stdin(handle_now, silence_s: float = 10.0, stdin=None) -> queue.Queue:
+    """A child on another host (started through ssh or srun): its lifeline is its stdin,
+    since no pipe or parent-death signal crosses machines. A thread reads the parent's lines:
+    `handle_now(message)` may act on one at once and return True (a ping's answer while the
+    main thread trains); every other message goes on the returned queue.
+    The thread ends this process and its group with SIGKILL when stdin closes (the parent, or
+    its ssh client, is gone) or when no line has come for `silence_s` seconds (the link is
+    down; the parent pings every second)."""
+    stdin = stdin or sys.stdin.buffer
+    inbox: queue.Queue = queue.Queue()
+    last = [time.monotonic()]
+
+    def read():
+        for line in stdin:
+            last[0] = time.monotonic()
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if not handle_now(msg):
+                inbox.put(msg)
+        _end_self(signal.SIGKILL)
+
+    def watch():
+        while time.monotonic() - last[0] <= silence_s:
+            time.sleep(0.5)
+        print(f"no word from the launcher for {silence_s:.0f} s: ending", file=sys.stderr)
+        _end_self(signal.SIGKILL)
+
+    threading.Thread(target=read, name="lifeline-stdin", daemon=True).start()
+    threading.Thread(target=watch, name="lifeline-silence", daemon=True).start()
+    return inbox
+
+
 # A stopped process's guard: SIGKILL process (group) PID when the lifeline read end FD reads
 # end-of-file (the parent of both is gone); end once PID has ended. Standard library only.
 _GUARD = """
@@ -208,6 +242,16 @@ def hang(pid: int) -> None:
             subprocess.Popen(cmd, pass_fds=(fd,), start_new_session=True, stdin=subprocess.DEVNULL)
         )
     os.kill(pid, signal.SIGSTOP)
+
+
+def is_stopped(pid: int) -> bool:
+    """True while process `pid` is stopped (SIGSTOP, the hang fault)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
 
 
 _NAMES = itertools.count()
@@ -290,6 +334,7 @@ class ChildProcess:
         self.name, self.log_path = name, Path(log_path)
         self.eof_at: float | None = None
         self.log = open(log_path, "wb")
+        self._send_lock = threading.Lock()  # a pinger thread writes too
         self.popen = spawn(cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
         self.pid = self.popen.pid
         self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
@@ -306,8 +351,9 @@ class ChildProcess:
 
     def send(self, msg: dict) -> None:
         """Write one JSON message to the child's stdin."""
-        self.popen.stdin.write((json.dumps(msg) + "\n").encode())
-        self.popen.stdin.flush()
+        with self._send_lock:
+            self.popen.stdin.write((json.dumps(msg) + "\n").encode())
+            self.popen.stdin.flush()
 
     def died(self) -> str | None:
         """None while running, else how it ended."""
