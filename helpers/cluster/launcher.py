@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import config
+from helpers.cluster import placement as placement_
 from helpers.cluster import protocol
 from helpers.cluster.dashboard import Dashboard
 from helpers.cluster.events import Kind
@@ -32,6 +33,7 @@ from helpers.system.processes import (
     end_all,
     free_ports,
     hang,
+    is_stopped,
     log_section,
     messages,
     unique_name,
@@ -57,15 +59,6 @@ def _size(path: Path) -> int:
         return Path(path).stat().st_size
     except OSError:
         return 0
-
-
-def _is_stopped(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-    except psutil.NoSuchProcess:
-        return False
 
 
 @dataclass
@@ -94,6 +87,8 @@ class LocalCluster:
         evaluator: also start an evaluator process that tests every checkpoint the PS writes.
         start_timeout: seconds to wait for every process to report ready.
         stall_timeout: seconds without any progress before a run is declared hung.
+        placement: None (this machine) or other hosts, e.g. `placement.SSH(["n1", "n2"])`;
+            a node there silent for `silent_s` seconds fails the run, naming its host.
     Raises:
         ValueError: for a bad argument, before any process starts.
     """
@@ -107,6 +102,8 @@ class LocalCluster:
         stall_timeout: float = 60.0,
         name: str | None = None,
         ps: int = 1,
+        placement=None,
+        silent_s: float = 5.0,
     ):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
@@ -116,11 +113,12 @@ class LocalCluster:
         for label, value in (("start_timeout", start_timeout), ("stall_timeout", stall_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
+        self.nodes = placement_.Nodes(placement, isolate, silent_s)  # validates `placement`
         self.workers, self.isolate, self.evaluator = workers, isolate, bool(evaluator)
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
         self.name = name or unique_name("cluster")
         self.procs: dict[str, ChildProcess] = {}
-        self.network = netns.PrivateNetwork(isolate, "Cluster")  # validates `isolate`
+        self.network = netns.PrivateNetwork(False if self.remote else isolate, "Cluster")
         self.dead_workers: set[int] = set()
         self.log_starts: dict[str, int] = {}  # each log's size when the current run began
         self.inbox: queue.Queue = queue.Queue()
@@ -160,9 +158,14 @@ class LocalCluster:
             except netns.IsolationError as exc:
                 raise ClusterError(str(exc)) from None
             self.dir = config.runs_dir(self.name)
-            host = "localhost"
-            ports = [2222 + t for t in range(self.n_ps)] if self.isolated else free_ports(self.n_ps)
-            spec = {"ps": [f"{host}:{port}" for port in ports]}
+            # the other PS tasks first: task 0 connects to them as it starts
+            jobs = [("ps", t) for t in range(1, self.n_ps)] + [("ps", 0)]
+            jobs += [("worker", i) for i in range(self.workers)]
+            jobs += [("evaluator", 0)] if self.evaluator else []
+            try:
+                spec = self.nodes.spec(jobs, self.dir, self._ps_ports)
+            except placement_.HostError as exc:
+                raise ClusterError(str(exc)) from None
             write_cluster(self.dir / "cluster.json", spec)
             env = dict(
                 os.environ,
@@ -170,10 +173,6 @@ class LocalCluster:
                 PYTHONUNBUFFERED="1",
                 MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"),
             )
-            # the other PS tasks first: task 0 connects to them as it starts
-            jobs = [("ps", t) for t in range(1, self.n_ps)] + [("ps", 0)]
-            jobs += [("worker", i) for i in range(self.workers)]
-            jobs += [("evaluator", 0)] if self.evaluator else []
             for job, task in jobs:
                 cmd = prefix + [
                     sys.executable,
@@ -186,28 +185,35 @@ class LocalCluster:
                     "--task",
                     str(task),
                     "--control",
-                    "--parent-pid",
-                    str(os.getpid()),
                 ]
                 name = f"{job}:{task}"
+                cmd = self.nodes.command(name, cmd, env)
                 self.procs[name] = ChildProcess(
                     name, cmd, env, self.dir / f"{job}-{task}.log", self.inbox
                 )
+            self.nodes.start_pinging(self.procs)
             waiting = set(self.procs)
             deadline = time.monotonic() + self.start_timeout
             while waiting:
                 name, msg = self._next_message(deadline, "start-up", waiting)
                 if msg.get("event") == Event.READY:
                     waiting.discard(name)
+                    self.nodes.node_pids[name] = msg.get("pid")
             self.startup_s = time.perf_counter() - t0
             return self
         except BaseException:
             self.stop()
             raise
 
+    def where(self, name: str) -> str:
+        """A process as errors name it: "worker:1 (pid 123)", or with its host when remote."""
+        proc = self.procs.get(name)
+        return self.nodes.where(name, proc.pid if proc else None)
+
     def stop(self) -> None:
         """End every process of the cluster at once (idempotent): ask each to exit, then the
         teardown every launcher shares (end_all), stopped processes included."""
+        self.nodes.stop()
         for proc in self.procs.values():
             if proc.popen.poll() is None:
                 try:
@@ -252,6 +258,7 @@ class LocalCluster:
                 task = int(name.split(":")[1])
                 if task not in self.dead_workers:
                     self.dead_workers.add(task)
+                    self.nodes.tell_ps_lost(self.procs, task)
                 continue
             hint = ""
             if name.startswith("worker:") and during == "sync":
@@ -259,10 +266,26 @@ class LocalCluster:
                     "; sync (BSP) training cannot finish without every worker: "
                     "use mode='backup' with k < workers to tolerate a lost worker"
                 )
-            self._fail(f"{name} (pid {proc.pid}) {how} during {during}{hint}", name)
+            self._fail(f"{self.where(name)} {how} during {during}{hint}", name)
+
+    def _messages(self, during: str):
+        """messages(inbox), less the pongs of nodes on other hosts, which it records; a node
+        silent for silent_s seconds (once it has answered) fails the run, naming its host."""
+        for name, msg in messages(self.inbox):
+            if msg.get("event") == Event.PONG:
+                self.nodes.pong(name, msg)
+                continue
+            silent = self.nodes.silent(self.procs) if name is None else None
+            if silent:
+                self._fail(
+                    f"{self.where(silent[0])} has not answered for {silent[1]:.1f} s during "
+                    f"{during}: the host is down or cut off from this one",
+                    silent[0],
+                )
+            yield name, msg
 
     def _next_message(self, deadline, during, waiting=(), tolerate_workers=False):
-        for name, msg in messages(self.inbox):
+        for name, msg in self._messages(during):
             if name is not None:
                 return name, msg
             self._check_deaths(during, tolerate_workers)
@@ -314,6 +337,9 @@ class LocalCluster:
             raise ValueError(f"workers {missing} are dead or do not exist; live workers: {live}")
         pids = {w: self.procs[f"worker:{w}"].pid for w in cfg.worker_ids}
         ps_pids = {t: self.procs[f"ps:{t}"].pid for t in range(self.n_ps)}
+        if self.remote:  # PIDs of this machine: the launcher watches them instead
+            pids, ps_pids = {}, {}
+            RunDir(run_dir).write_clock_offsets(self.nodes.clock_offsets())
         self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
         for proc in self.procs.values():
             if proc.died() is None:
@@ -338,7 +364,7 @@ class LocalCluster:
         t0 = time.perf_counter()
         with ResourceMonitor(list(self.pids.values()), interval=0.5, pss_every=2.0) as monitor:
             try:
-                for name, msg in messages(self.inbox) if watch.waiting else ():
+                for name, msg in self._messages(cfg.mode) if watch.waiting else ():
                     # a dead PS explains the workers' errors: name it first
                     self._check_deaths(cfg.mode, tolerate_workers=True)
                     watch.waiting -= {f"worker:{w}" for w in self.dead_workers}
@@ -351,6 +377,8 @@ class LocalCluster:
                     watch.board.close(watch.tail.read())
         wall = time.perf_counter() - t0
         lo_after = self.loopback_bytes()
+        if self.remote:  # the estimates improved while the run went on
+            RunDir(run_dir).write_clock_offsets(self.nodes.clock_offsets())
         if watch.ps_error is not None:
             raise ClusterError(f"run {cfg.run_id} failed: {watch.ps_error}")
         names = {pid: name for name, pid in self.pids.items()}
@@ -389,13 +417,13 @@ class LocalCluster:
         stopped = {
             w
             for w in cfg.worker_ids
-            if f"worker:{w}" in self.procs and _is_stopped(self.procs[f"worker:{w}"].pid)
+            if f"worker:{w}" in self.procs and is_stopped(self.procs[f"worker:{w}"].pid)
         }
         ps = self.procs.get("ps:0")
         return (
             stopped,
             {w for w in self.dead_workers if w in cfg.worker_ids},
-            ps is not None and _is_stopped(ps.pid),
+            ps is not None and is_stopped(ps.pid),
         )
 
     def _check_progress(self, cfg, watch: _Watch) -> None:
@@ -416,13 +444,21 @@ class LocalCluster:
         limit = self.stall_timeout if watch.joined else self.start_timeout
         if time.monotonic() - watch.last_progress <= limit:
             return
-        stopped = [n for n, p in self.procs.items() if _is_stopped(p.pid)]
+        stopped = [n for n, p in self.procs.items() if is_stopped(p.pid)]
         which = "stall_timeout" if watch.joined else "start_timeout: workers never joined"
         self._fail(
             f"no progress for {limit:.0f} s ({which}) in run {cfg.run_id}; hung or "
             f"stopped processes: {stopped or 'none found'}",
             stopped[0] if stopped else "ps:0",
         )
+
+    @property
+    def remote(self) -> bool:
+        """True when the processes run on other hosts (placement)."""
+        return self.nodes.placement.remote
+
+    def _ps_ports(self) -> list[int]:  # on this machine; any port is free in a namespace
+        return [2222 + t for t in range(self.n_ps)] if self.isolated else free_ports(self.n_ps)
 
     @property
     def isolated(self) -> bool:
