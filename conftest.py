@@ -52,6 +52,7 @@ LONGEST_FIRST = (
     "notebooks/04_multi_device_mnist.ipynb",
     "notebooks/07_fault_tolerance.ipynb",
     "notebooks/03_optimizer_sweep.ipynb",
+    "tests/test_placement.py",  # clusters on three namespaced hosts over SSH
 )
 
 

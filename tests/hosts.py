@@ -1,0 +1,185 @@
+"""Test scaffolding: several "machines" on this one, each a network namespace with an address
+of its own on a private bridge, and an sshd in each that takes a key the test made.
+
+    with NamespacedHosts(3, tmp_path) as hosts:
+        SSH(hosts.addresses, ssh_config=hosts.ssh_config)
+        hosts.pids_in(0)          # every process in host 0's namespace, sshd excepted
+        hosts.link(0, up=False)   # cut host 0 off the network
+
+Needs root, iproute2 and OpenSSH's server (CI installs and runs as root). The namespaces
+share this machine's file system, PID space and clock: a test that needs a host's clock off
+shifts a process's readings instead (helpers.system.clock). Everything it starts it ends by PID,
+and it deletes its namespaces, veth pairs and bridge.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+
+def unavailable_reason() -> str | None:
+    """Why namespaced hosts cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "namespaced hosts need root (CI runs as root)"
+    missing = [t for t in ("ip", "ssh", "ssh-keygen") if shutil.which(t) is None]
+    missing += [SSHD] * (not Path(SSHD).exists())
+    if missing:
+        return f"not installed: {', '.join(missing)} (apt-get install iproute2 openssh-server)"
+    return None
+
+
+def _ip(*args: str, netns: str | None = None) -> None:
+    cmd = ["ip", *(["-n", netns] if netns else []), *args]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def _free_subnet() -> int:
+    """A third octet X with 10.78.X.0/24 unused on this machine."""
+    used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
+    for x in list(range(os.getpid() % 200, 250)) + list(range(0, 250)):
+        if f"10.78.{x}." not in used:
+            return x
+    raise RuntimeError("no free 10.78.X.0/24 subnet for the test hosts")
+
+
+def _describe(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        return f"{pid} {cmdline.decode()}"
+    except OSError:
+        return f"{pid} (gone)"
+
+
+class NamespacedHosts:
+    """`n` hosts: namespaces labs<tag>h<i>, addresses 10.78.X.(i+2), sshd on port 22 in each."""
+
+    def __init__(self, n: int, folder: Path):
+        self.n, self.folder = n, Path(folder)
+        self.tag = f"{os.getpid() % 100000}"
+        self.bridge = f"lb{self.tag}"
+        self.names = [f"labs{self.tag}h{i}" for i in range(n)]
+        self.subnet = None
+        self.addresses: list[str] = []
+        self.sshd: list[subprocess.Popen] = []
+        self.ssh_config = self.folder / "ssh_config"
+
+    def __enter__(self):
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key, hostkey = self.folder / "id_test", self.folder / "hostkey"
+        for k in (key, hostkey):
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)],
+                check=True,
+                timeout=30,
+            )
+        self.subnet = _free_subnet()
+        net = f"10.78.{self.subnet}"
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{net}.1/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation
+        for i, ns in enumerate(self.names):
+            address = f"{net}.{i + 2}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", f"{ns}v", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", f"{ns}v", "master", self.bridge, "up")
+            _ip("link", "set", "lo", "up", netns=ns)
+            _ip("addr", "add", f"{address}/24", "dev", "eth0", netns=ns)
+            _ip("link", "set", "eth0", "up", netns=ns)
+            conf = self.folder / f"sshd-{i}.conf"
+            conf.write_text(
+                f"ListenAddress {address}\nHostKey {hostkey}\n"
+                f"AuthorizedKeysFile {key}.pub\nPermitRootLogin prohibit-password\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+                f"StrictModes no\nPidFile {self.folder}/sshd-{i}.pid\nLogLevel ERROR\n"
+                "MaxStartups 100\nMaxSessions 100\nClientAliveInterval 2\nClientAliveCountMax 3\n"
+            )
+            self.sshd.append(
+                subprocess.Popen(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        ns,
+                        SSHD,
+                        "-D",
+                        "-f",
+                        str(conf),
+                        "-E",
+                        str(self.folder / f"sshd-{i}.log"),
+                    ],
+                    start_new_session=True,
+                )
+            )
+            self.addresses.append(address)
+        self.ssh_config.write_text(
+            f"Host {net}.*\n  User root\n  IdentityFile {key}\n  StrictHostKeyChecking no\n"
+            "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        )
+        for address in self.addresses:  # every sshd answers before the test goes on
+            deadline = time.monotonic() + 20
+            while subprocess.run(
+                ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", address, "true"],
+                capture_output=True,
+                timeout=30,
+            ).returncode:
+                assert time.monotonic() < deadline, f"sshd on {address} never answered"
+                time.sleep(0.2)
+
+    def pids_in(self, i: int) -> list[int]:
+        """The processes in host i's namespace other than its sshd daemon."""
+        out = subprocess.run(
+            ["ip", "netns", "pids", self.names[i]], capture_output=True, text=True
+        ).stdout.split()
+        daemon = self.sshd[i].pid if i < len(self.sshd) else None
+        return [int(p) for p in out if int(p) != daemon]
+
+    def wait_empty(self, timeout: float) -> dict[int, list[str]]:
+        """Wait up to `timeout` s for every host to run nothing but its sshd; return what is
+        left (host -> "pid command line"), {} when nothing is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {i: self.pids_in(i) for i in range(len(self.names))}
+            left = {i: p for i, p in left.items() if p}
+            if not left or time.monotonic() > deadline:
+                return {i: [_describe(p) for p in pids] for i, pids in left.items()}
+            time.sleep(0.2)
+
+    def link(self, i: int, up: bool) -> None:
+        """Connect host i to the network, or cut it off (its veth pair down)."""
+        _ip("link", "set", f"{self.names[i]}v", "up" if up else "down")
+
+    def close(self) -> None:
+        """End every process in the namespaces (sshd last) by PID, and delete what was made."""
+        for i in range(len(self.addresses)):
+            for pid in self.pids_in(i):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for daemon in self.sshd:
+            daemon.kill()
+            daemon.wait()
+        for ns in self.names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            subprocess.run(["ip", "link", "del", f"{ns}v"], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
