@@ -173,24 +173,13 @@ class LocalCluster:
                 PYTHONUNBUFFERED="1",
                 MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"),
             )
-            for job, task in jobs:
-                cmd = prefix + [
-                    sys.executable,
-                    "-m",
-                    "helpers.cluster.node",
-                    "--cluster",
-                    str(self.dir / "cluster.json"),
-                    "--job",
-                    job,
-                    "--task",
-                    str(task),
-                    "--control",
-                ]
-                name = f"{job}:{task}"
-                cmd = self.nodes.command(name, cmd, env)
-                self.procs[name] = ChildProcess(
-                    name, cmd, env, self.dir / f"{job}-{task}.log", self.inbox
-                )
+            argv = {
+                f"{job}:{task}": prefix
+                + [sys.executable, "-m", "helpers.cluster.node", "--cluster"]
+                + [str(self.dir / "cluster.json"), "--job", job, "--task", str(task), "--control"]
+                for job, task in jobs
+            }
+            self.procs.update(self.nodes.start(argv, env, self.dir, self.inbox))
             self.nodes.start_pinging(self.procs)
             waiting = set(self.procs)
             deadline = time.monotonic() + self.start_timeout
@@ -233,6 +222,11 @@ class LocalCluster:
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         """Send a signal to one process of the cluster (fault injection by hand); SIGSTOP
         stops it as the hang fault does, so that it still ends with this process."""
+        if self.remote:
+            raise ValueError(
+                f"kill() signals processes of this machine; {name} runs on "
+                f"{self.nodes.hosts.get(name)}: inject the fault with train(faults=...)"
+            )
         if sig == signal.SIGSTOP:
             hang(self.procs[name].pid)
         else:
@@ -380,7 +374,10 @@ class LocalCluster:
         if self.remote:  # the estimates improved while the run went on
             RunDir(run_dir).write_clock_offsets(self.nodes.clock_offsets())
         if watch.ps_error is not None:
-            raise ClusterError(f"run {cfg.run_id} failed: {watch.ps_error}")
+            lost = [f"worker:{w}" for w in sorted(self.dead_workers) if w in cfg.worker_ids]
+            lost = [f"{self.where(n)} {self.procs[n].died()}" for n in lost if n in self.procs]
+            where = f" (lost: {'; '.join(lost)})" if lost else ""
+            raise ClusterError(f"run {cfg.run_id} failed: {watch.ps_error}{where}")
         names = {pid: name for name, pid in self.pids.items()}
         resources = {names.get(pid, pid): v for pid, v in monitor.summary().items()}
         # this run's losses (the cluster's own dead_workers keeps every run's)

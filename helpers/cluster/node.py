@@ -4,7 +4,9 @@ A node connects to the PS's TensorFlow server (or, as the PS, starts it), then t
 training runs as its job: ps.py's loop on the PS, worker.py's on a worker, evaluator.py's on
 the evaluator; wire.py declares the shared resources they talk through. Under a launcher
 (--control) the node reads run commands from stdin and answers on stdout; standalone
-(--run config.json) it runs one run and exits.
+(--run config.json) it runs one run and exits. On another host than its launcher (--remote:
+through ssh, or a task of an srun step with --slurm-roles) its stdin is its lifeline and it
+answers the launcher's pings.
 """
 
 from __future__ import annotations
@@ -148,11 +150,49 @@ class Node:
                 pass
 
 
+def _channel(args, me: str, node_ref: list):
+    """The launcher's channel under --control: `say` (thread-safe) and, on another host, the
+    queue of its commands (lifeline_on_stdin: pings are answered, DEAD is passed to
+    node_ref[0], messages for another task of a shared stdin are dropped). Fd 1 goes to the
+    log from here on; with --log, fd 2 too."""
+    proto = os.fdopen(os.dup(1), "w")
+    if args.log:
+        log = args.log.format(job=args.job, task=args.task)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    os.dup2(2, 1)
+    lock = threading.Lock()  # the main thread and the lifeline's reader both answer
+
+    def say(event, **fields):
+        with lock:
+            proto.write(event_line(event, **fields))
+            proto.flush()
+
+    if not args.remote:
+        die_with_parent(args.parent_pid)
+        return say, None
+
+    def handle_now(msg) -> bool:
+        if msg.get("to", me) != me:  # for another task of the same srun step
+            return True
+        if msg.get("cmd") == Cmd.PING:
+            say(Event.PONG, t=msg["t"], node_t=clock.now())
+            return True
+        if msg.get("cmd") == Cmd.DEAD:
+            if node_ref and node_ref[0].on_dead is not None:
+                node_ref[0].on_dead(int(msg["worker"]))
+            return True
+        return False
+
+    return say, lifeline_on_stdin(handle_now)
+
+
 def main(argv=None) -> int:
     """Parse arguments, start the TF server or client, then serve run commands."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True, help="JSON file: {'ps': ['host:port'], ...}")
-    p.add_argument("--job", required=True, choices=["ps", "worker", "evaluator"])
+    p.add_argument("--job", choices=["ps", "worker", "evaluator"])
     p.add_argument("--task", type=int, default=0)
     p.add_argument("--run", help="standalone: the run config JSON to train once, then exit")
     p.add_argument("--control", action="store_true", help="read run commands from stdin")
@@ -162,36 +202,24 @@ def main(argv=None) -> int:
         action="store_true",
         help="on another host than the launcher: stdin is the lifeline; answer its pings",
     )
+    p.add_argument(
+        "--slurm-roles",
+        help="a task of an srun step: its name by SLURM_PROCID in this list (ps:0,worker:0,...)",
+    )
+    p.add_argument("--log", help="write stderr and prints to this file ({job}, {task} filled in)")
     args = p.parse_args(argv)
+    if args.slurm_roles:
+        name = args.slurm_roles.split(",")[int(os.environ["SLURM_PROCID"])]
+        args.job, _, task = name.partition(":")
+        args.task = int(task)
+    if args.job not in ("ps", "worker", "evaluator"):
+        p.error("--job ps|worker|evaluator is required (or --slurm-roles)")
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     lean_keras_import()
-    clock.use_shift_of(f"{args.job}:{args.task}")
-    say, commands, node = None, None, None
-    if args.control:
-        proto = os.fdopen(os.dup(1), "w")  # the launcher's channel; fd 1 now goes to the log
-        os.dup2(2, 1)
-        lock = threading.Lock()  # the main thread and the lifeline's reader both answer
-
-        def say(event, **fields):
-            with lock:
-                proto.write(event_line(event, **fields))
-                proto.flush()
-
-        if args.remote:
-
-            def handle_now(msg) -> bool:
-                if msg.get("cmd") == Cmd.PING:
-                    say(Event.PONG, t=msg["t"], node_t=clock.now())
-                    return True
-                if msg.get("cmd") == Cmd.DEAD:
-                    if node is not None and node.on_dead is not None:
-                        node.on_dead(int(msg["worker"]))
-                    return True
-                return False
-
-            commands = lifeline_on_stdin(handle_now)
-        else:
-            die_with_parent(args.parent_pid)
+    me = f"{args.job}:{args.task}"
+    clock.use_shift_of(me)
+    node_ref: list = []
+    say, commands = _channel(args, me, node_ref) if args.control else (None, None)
     os.environ.setdefault("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE", "false")
     from helpers.cluster.protocol import validate
     from helpers.cluster.rundir import RunDir, read_cluster
@@ -199,6 +227,7 @@ def main(argv=None) -> int:
     cluster = read_cluster(args.cluster)
 
     node = Node(cluster, args.job, args.task, say)
+    node_ref.append(node)
     node.say(Event.READY, job=args.job, task=args.task, pid=os.getpid())
     print(f"{args.job}:{args.task} ready (pid {os.getpid()})", file=sys.stderr, flush=True)
     if args.run:

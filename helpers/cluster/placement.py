@@ -30,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from helpers import config
-from helpers.system import clock, remote
+from helpers.system import clock, remote, slurm
 from helpers.system.control import Cmd, command
+from helpers.system.processes import ChildProcess
 
 EXPOSURE = (
     "TensorFlow's gRPC servers listen on every network interface of their host and accept "
@@ -53,50 +54,21 @@ class Local:
         return "Local()"
 
 
-class SSH:
-    """Processes on other hosts, started through the system's `ssh`.
-
-    Args:
-        hosts: host names or addresses as `ssh` takes them ("node1", "me@10.0.0.2"); a
-            process's host is the next one round robin, the PS tasks first.
-        repo: this repository's folder on the hosts (default: its folder here).
-        python: the Python on the hosts (default: this one's path).
-        ssh_config: an ssh_config file to use instead of ~/.ssh/config (`ssh -F`).
-        port_base: the first port a host's processes listen on (then +1, +2, ...).
-        allow_public: place processes on a host with a public address, whose TF ports
-            anyone on the internet could reach (see the module's docstring).
-        connect_timeout: seconds `ssh` may take to connect.
-    Raises:
-        ValueError: for a bad argument.
-    """
+class _Hosts:
+    """What SSH and Slurm placements share: the options, the assignment of processes to hosts,
+    and the check of every host before anything starts."""
 
     remote = True
+    hosts: list[str]
+    what = "host"
 
-    def __init__(
-        self,
-        hosts,
-        *,
-        repo: str | None = None,
-        python: str | None = None,
-        ssh_config: str | None = None,
-        port_base: int = 2222,
-        allow_public: bool = False,
-        connect_timeout: float = 10.0,
-    ):
-        if isinstance(hosts, str) or not hosts or not all(isinstance(h, str) and h for h in hosts):
-            raise ValueError(f"hosts must be a non-empty list of host names, got {hosts!r}")
+    def __init__(self, repo, python, port_base, allow_public):
         if not isinstance(port_base, int) or not 1024 <= port_base <= 65000:
             raise ValueError(f"port_base must be a port number in 1024-65000, got {port_base!r}")
-        self.hosts = list(hosts)
         self.repo = str(repo or config.REPO_ROOT)
         self.python = python or sys.executable
-        self.ssh_config = ssh_config
         self.port_base, self.allow_public = port_base, bool(allow_public)
-        self.connect_timeout = connect_timeout
-        self.address: dict[str, str] = {}  # host -> the address it was reached at (check())
-
-    def __repr__(self) -> str:
-        return f"SSH({self.hosts!r})"
+        self.address: dict[str, str] = {}  # host -> the address the others reach it at
 
     def assign(self, names: list[str]) -> dict[str, tuple[str, int]]:
         """(host, port) of each process, round robin over the hosts in the order given."""
@@ -107,17 +79,6 @@ class SSH:
             used[host] = used.get(host, 0) + 1
         return placed
 
-    def command(self, host: str, argv: list[str], env: dict) -> list[str]:
-        """The command that runs `argv` (a Python module's arguments) on `host`."""
-        return remote.ssh_command(
-            host,
-            [self.python, *argv],
-            cwd=self.repo,
-            env=remote.forwarded_env(env),
-            ssh_config=self.ssh_config,
-            connect_timeout=self.connect_timeout,
-        )
-
     def check(self, placed: dict[str, tuple[str, int]], folder: Path) -> None:
         """Probe every host at once; raise HostError with one line per host that cannot take
         part. Sets `address` (each host as the others reach it)."""
@@ -125,59 +86,42 @@ class SSH:
         token, token_file = secrets.token_hex(8), Path(folder) / "hosts-token"
         token_file.write_text(token)
         ports = {h: [p for _, (host, p) in placed.items() if host == h] for h in self.hosts}
-        with ThreadPoolExecutor(len(self.hosts)) as pool:
-            answers = pool.map(lambda h: self._probe(h, ports[h], token_file, token), self.hosts)
-            found = dict(zip(self.hosts, answers))
-        token_file.unlink(missing_ok=True)
+        try:
+            found = self._probe_all(ports, token_file, token)
+        finally:
+            token_file.unlink(missing_ok=True)
         here = remote.code_version(config.REPO_ROOT)
         problems = []
-        for host, got in found.items():
-            why = got if isinstance(got, str) else self._problems(host, got, here)
+        for host in self.hosts:
+            got = found.get(host, "did not answer the check")
+            why = got if isinstance(got, str) else self._problems(got, here)
             if why:
                 problems.append(f"{host}: {why}")
-            else:
+            elif host not in self.address:
                 self.address[host] = got["reached_at"] or host
         if problems:
             raise HostError(
-                f"{len(problems)} of {len(self.hosts)} host(s) cannot take part:\n  "
+                f"{len(problems)} of {len(self.hosts)} {self.what}(s) cannot take part:\n  "
                 + "\n  ".join(problems)
             )
         if not _WARNED:
             warnings.warn(
-                f"A cluster on {len(self.hosts)} hosts: {EXPOSURE}. Keep its ports "
-                f"({self.port_base}+) private to the hosts (a firewall or a private network; "
-                "the README's 'Run it on your cluster' says how).",
+                f"A cluster on {len(self.hosts)} {self.what}s: {EXPOSURE}. Keep its ports "
+                f"({self.port_base}+) private to them (a firewall or a private network: "
+                "docs/cluster.md, 'Keep the ports private').",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
             _WARNED = True
 
-    def _probe(self, host: str, ports: list[int], token_file: Path, token: str) -> dict | str:
-        argv = ["-m", "helpers.system.remote", "probe", "--ports", ",".join(map(str, ports))]
-        argv += ["--token-file", str(token_file), "--token", token]
-        cmd = self.command(host, argv, {})
-        try:
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=self.connect_timeout + 30,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            return f"no answer in {self.connect_timeout + 30:.0f} s (`{' '.join(cmd[:-1])} ...`)"
-        if done.returncode == 255:
-            last = (done.stderr.strip().splitlines() or ["ssh failed"])[-1]
-            return f"unreachable by ssh ({last}); check `ssh {host} true` works without a password"
-        if done.returncode:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return (
-                f"cannot run this project's Python in {self.repo} with {self.python} ({last}); "
-                "set repo= and python= to where they are on the hosts"
-            )
-        return json.loads(done.stdout.strip().splitlines()[-1])
+    def _probe_all(self, ports: dict, token_file: Path, token: str) -> dict:
+        raise NotImplementedError
 
-    def _problems(self, host: str, got: dict, here: str) -> str:
+    def _probe_argv(self, ports: list[int], token_file: Path, token: str) -> list[str]:
+        argv = ["-m", "helpers.system.remote", "probe", "--ports", ",".join(map(str, ports))]
+        return argv + ["--token-file", str(token_file), "--token", token]
+
+    def _problems(self, got: dict, here: str) -> str:
         """What keeps a probed host out, in one line ("" when nothing does)."""
         why = []
         public = [a for a in got["addresses"] if remote.is_public(a)]
@@ -204,6 +148,181 @@ class SSH:
         return "; ".join(why)
 
 
+class SSH(_Hosts):
+    """Processes on other hosts, started through the system's `ssh`.
+
+    Args:
+        hosts: host names or addresses as `ssh` takes them ("node1", "me@10.0.0.2"); a
+            process's host is the next one round robin, the PS tasks first.
+        repo: this repository's folder on the hosts (default: its folder here).
+        python: the Python on the hosts (default: this one's path).
+        ssh_config: an ssh_config file to use instead of ~/.ssh/config (`ssh -F`).
+        port_base: the first port a host's processes listen on (then +1, +2, ...).
+        allow_public: place processes on a host with a public address, whose TF ports
+            anyone on the internet could reach (see the module's docstring).
+        connect_timeout: seconds `ssh` may take to connect.
+    Raises:
+        ValueError: for a bad argument.
+    """
+
+    def __init__(
+        self,
+        hosts,
+        *,
+        repo: str | None = None,
+        python: str | None = None,
+        ssh_config: str | None = None,
+        port_base: int = 2222,
+        allow_public: bool = False,
+        connect_timeout: float = 10.0,
+    ):
+        if isinstance(hosts, str) or not hosts or not all(isinstance(h, str) and h for h in hosts):
+            raise ValueError(f"hosts must be a non-empty list of host names, got {hosts!r}")
+        super().__init__(repo, python, port_base, allow_public)
+        self.hosts = list(hosts)
+        self.ssh_config = ssh_config
+        self.connect_timeout = connect_timeout
+
+    def __repr__(self) -> str:
+        return f"SSH({self.hosts!r})"
+
+    def command(self, host: str, argv: list[str], env: dict) -> list[str]:
+        """The command that runs `argv` (a Python module's arguments) on `host`."""
+        return remote.ssh_command(
+            host,
+            [self.python, *argv],
+            cwd=self.repo,
+            env=remote.forwarded_env(env),
+            ssh_config=self.ssh_config,
+            connect_timeout=self.connect_timeout,
+        )
+
+    def start(self, names, argv, env, logs, inbox, hosts) -> dict:
+        """One ssh client per process, each a ChildProcess of this one."""
+        return {
+            name: ChildProcess(
+                name, self.command(hosts[name], argv[name][1:], env), env, logs[name], inbox
+            )
+            for name in names
+        }
+
+    def _probe_all(self, ports: dict, token_file: Path, token: str) -> dict:
+        with ThreadPoolExecutor(len(self.hosts)) as pool:
+            answers = pool.map(lambda h: self._probe(h, ports[h], token_file, token), self.hosts)
+            return dict(zip(self.hosts, answers))
+
+    def _probe(self, host: str, ports: list[int], token_file: Path, token: str) -> dict | str:
+        cmd = self.command(host, self._probe_argv(ports, token_file, token), {})
+        try:
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=self.connect_timeout + 30,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return f"no answer in {self.connect_timeout + 30:.0f} s (`{' '.join(cmd[:-1])} ...`)"
+        if done.returncode == 255:
+            last = (done.stderr.strip().splitlines() or ["ssh failed"])[-1]
+            return f"unreachable by ssh ({last}); check `ssh {host} true` works without a password"
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return (
+                f"cannot run this project's Python in {self.repo} with {self.python} ({last}); "
+                "set repo= and python= to where they are on the hosts"
+            )
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class Slurm(_Hosts):
+    """Processes on the nodes of a Slurm allocation, the tasks of one `srun` step.
+
+    Run inside the allocation (`salloc`, `sbatch`, or a Jupyter kernel on an allocated node):
+    its nodes, and their addresses (NodeAddr), come from Slurm (helpers.system.slurm).
+
+    Args:
+        job: the allocation's job id (default: SLURM_JOB_ID, which Slurm sets inside it).
+        srun_args: more arguments for srun; the default, --overlap, lets the step share CPUs
+            with the batch script or the kernel that starts it. Add "--overcommit" where the
+            step has more tasks than the allocation has CPUs.
+        repo, python, port_base, allow_public: as for SSH.
+    Raises:
+        ValueError: for a bad argument; slurm.SlurmError outside an allocation.
+    """
+
+    what = "node"
+
+    def __init__(
+        self,
+        job: str | None = None,
+        *,
+        srun_args=("--overlap",),
+        repo: str | None = None,
+        python: str | None = None,
+        port_base: int = 2222,
+        allow_public: bool = False,
+    ):
+        super().__init__(repo, python, port_base, allow_public)
+        self.job = str(job or os.environ.get("SLURM_JOB_ID", ""))
+        if not self.job:
+            raise slurm.SlurmError(
+                "no Slurm allocation: run inside salloc or sbatch (SLURM_JOB_ID is unset), or "
+                "pass Slurm(job=<job id>)"
+            )
+        self.srun_args = list(srun_args)
+        self.hosts = slurm.job_nodes(self.job)
+        self.address = {node: slurm.node_address(node) for node in self.hosts}
+
+    def __repr__(self) -> str:
+        return f"Slurm(job={self.job!r}, nodes={self.hosts!r})"
+
+    def srun(self, n: int, extra: list[str], argv: list[str]) -> list[str]:
+        """The srun command of a step of `n` tasks in the allocation, running this Python."""
+        return [
+            "srun", f"--jobid={self.job}", f"--ntasks={n}", "--label", "--unbuffered",
+            "--kill-on-bad-exit=0", "--no-kill", f"--chdir={self.repo}", *extra,
+            *self.srun_args, self.python, *argv,
+        ]  # fmt: skip
+
+    def start(self, names, argv, env, logs, inbox, hosts) -> dict:
+        """One srun step: task i on the node of names[i] (SLURM_HOSTFILE), each a StepTask."""
+        hostfile = Path(logs[names[0]]).parent / "slurm-hosts"
+        hostfile.write_text("".join(f"{hosts[n]}\n" for n in names))
+        node_argv = argv[names[0]][1:]
+        job, task = node_argv.index("--job"), node_argv.index("--task")
+        node_argv = [a for i, a in enumerate(node_argv) if i not in (job, job + 1, task, task + 1)]
+        node_argv += ["--slurm-roles", ",".join(names)]
+        node_argv += ["--log", str(hostfile.parent / "{job}-{task}.log")]  # the node fills in
+        cmd = self.srun(len(names), ["--distribution=arbitrary"], node_argv)
+        step_env = dict(env, SLURM_HOSTFILE=str(hostfile))
+        step = slurm.SrunStep(cmd, step_env, names, hostfile.parent / "srun.log", inbox)
+        return step.tasks(logs)
+
+    def _probe_all(self, ports: dict, token_file: Path, token: str) -> dict:
+        every = sorted({p for ps in ports.values() for p in ps})
+        cmd = self.srun(len(self.hosts), ["--ntasks-per-node=1"], [])
+        cmd += self._probe_argv(every, token_file, token)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            return {}
+        found = {}
+        for line in done.stdout.splitlines():
+            _, _, body = line.partition(": ")
+            try:
+                got = json.loads(body)
+            except ValueError:
+                continue
+            got["busy_ports"] = [p for p in got["busy_ports"] if p in ports.get(got["node"], [])]
+            got["reached_at"] = self.address.get(got["node"])
+            found[got["node"]] = got
+        if not found:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return {h: f"the check's srun step failed ({last})" for h in self.hosts}
+        return found
+
+
 class Nodes:
     """A cluster's processes on their hosts, as the launcher knows them: where each runs, its
     PID there, and for those on other hosts their answers to its pings (lifeline, liveness,
@@ -218,7 +337,7 @@ class Nodes:
 
     def __init__(self, placement, isolate, silent_s: float = 5.0):
         self.placement = Local() if placement is None else placement
-        if not isinstance(self.placement, (Local, SSH)):
+        if not isinstance(self.placement, (Local, _Hosts)):
             raise ValueError(
                 "placement must be None (this machine) or a placement such as "
                 f"placement.SSH([...]), got {placement!r}"
@@ -252,13 +371,19 @@ class Nodes:
             spec.setdefault(name.split(":")[0], []).append(f"{self.placement.address[host]}:{port}")
         return spec
 
-    def command(self, name: str, argv: list[str], env: dict) -> list[str]:
-        """The command that starts process `name` (`argv`: this Python and a node's arguments)
-        where it is placed, with its lifeline: the parent's PID here, stdin on another host."""
+    def start(self, argv: dict, env: dict, folder: Path, inbox) -> dict:
+        """Start every process where it is placed (`argv`: name -> this Python and a node's
+        arguments, in starting order), with its lifeline: the parent's PID on this machine,
+        stdin on another host. Returns ChildProcess(-like) objects by name."""
+        logs = {n: Path(folder) / f"{n.replace(':', '-')}.log" for n in argv}
         if not self.placement.remote:
-            return argv + ["--parent-pid", str(os.getpid())]
-        self.clocks[name] = clock.OffsetEstimate()
-        return self.placement.command(self.hosts[name], argv[1:] + ["--remote"], env)
+            return {
+                n: ChildProcess(n, cmd + ["--parent-pid", str(os.getpid())], env, logs[n], inbox)
+                for n, cmd in argv.items()
+            }
+        self.clocks = {n: clock.OffsetEstimate() for n in argv}
+        remote_argv = {n: cmd + ["--remote"] for n, cmd in argv.items()}
+        return self.placement.start(list(argv), remote_argv, env, logs, inbox, self.hosts)
 
     def start_pinging(self, procs: dict) -> None:
         """Ping every node on another host each second, in a thread, until stop()."""
@@ -302,10 +427,10 @@ class Nodes:
                 pass
 
     def clock_offsets(self) -> dict[str, float]:
-        """Each node's clock offset (s, ahead of this machine's) by its log's name ("worker-1");
-        {} on this machine."""
+        """Each node's clock offset (s, ahead of this machine's; 0 when within its error) by
+        its log's name ("worker-1"); {} on this machine."""
         return {
-            name.replace(":", "-"): est.offset
+            name.replace(":", "-"): est.significant
             for name, est in self.clocks.items()
             if est.offset is not None
         }

@@ -138,6 +138,7 @@ def probe(ports: list[int], token_file: str, token: str) -> dict:
         "shared_runs": sees_token,
         "addresses": _own_addresses(),
         "reached_at": connection[2] if len(connection) == 4 else None,
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
         "time": time.time(),
     }
 

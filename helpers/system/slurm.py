@@ -1,0 +1,149 @@
+"""Processes on the nodes of a Slurm allocation: its nodes and their addresses, and one `srun`
+job step whose tasks talk to their parent as children do.
+
+Slurm's own commands, not a library (pyslurm needs Slurm's headers at the cluster's exact
+version; submitit submits jobs but does not start the tasks of a step inside an allocation):
+`scontrol show hostnames` expands a node list, `scontrol show node` gives a node's address
+(NodeAddr: node names need not resolve), and `srun` starts a step's tasks.
+
+One step, many tasks: `srun --label` prefixes each line a task prints with its rank, and
+`srun`'s stdin goes to every task. So a task's messages are told apart by their label, and a
+message for one task carries its name (`to`); the others drop it. `--distribution=arbitrary`
+with SLURM_HOSTFILE puts task i on the i-th node listed there: the parent chooses each task's
+node. `--kill-on-bad-exit=0` and `--no-kill`: a task or node that fails does not end the
+others (an async run goes on without a lost worker; the parent decides).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from helpers.system.control import Event
+from helpers.system.processes import kill_group, spawn
+
+LABEL = re.compile(rb"^\s*(\d+): ?(.*)$")
+ENDED = re.compile(r"task (\d+): (.+)$")  # srun: error: n2: task 3: Killed
+
+
+class SlurmError(RuntimeError):
+    """Slurm's commands are missing, or the allocation cannot be read."""
+
+
+def _run(cmd: list[str], timeout: float = 30) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{cmd[0]} not found: run this inside a Slurm allocation") from None
+    if done.returncode:
+        raise SlurmError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes of job `job_id`, in Slurm's order."""
+    nodelist = _run(["squeue", "-h", "-j", str(job_id), "-o", "%N"]).strip()
+    if not nodelist:
+        raise SlurmError(f"job {job_id} has no nodes (is it running? `squeue -j {job_id}`)")
+    return _run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def node_address(node: str) -> str:
+    """The address Slurm reaches `node` at (its NodeAddr)."""
+    found = re.search(r"NodeAddr=(\S+)", _run(["scontrol", "show", "node", node]))
+    return found.group(1) if found else node
+
+
+class SrunStep:
+    """One `srun` step; its tasks' messages reach `inbox` as (name, message), by rank."""
+
+    def __init__(self, cmd: list[str], env: dict, names: list[str], log: Path, inbox):
+        self.names, self.inbox = list(names), inbox
+        self.ended: dict[str, str] = {}  # task -> how srun said it ended
+        self.eof_at: float | None = None
+        self.log = open(log, "wb")
+        self._lock = threading.Lock()
+        self.popen = spawn(
+            cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.pid = self.popen.pid
+        threading.Thread(target=self._read_out, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read_out(self) -> None:
+        for line in self.popen.stdout:
+            found = LABEL.match(line.rstrip(b"\n"))
+            if not found or int(found.group(1)) >= len(self.names):
+                continue
+            try:
+                self.inbox.put((self.names[int(found.group(1))], json.loads(found.group(2))))
+            except ValueError:
+                pass
+        self.eof_at = time.time()
+        for name in self.names:
+            self.inbox.put((name, {"event": Event.EOF}))
+
+    def _read_err(self) -> None:
+        for line in self.popen.stderr:
+            self.log.write(line)
+            self.log.flush()
+            found = ENDED.search(line.decode(errors="replace").strip())
+            if found and int(found.group(1)) < len(self.names):
+                self.ended[self.names[int(found.group(1))]] = found.group(2).lower()
+
+    def send(self, msg: dict) -> None:
+        """Write one JSON message to every task's stdin."""
+        with self._lock:
+            self.popen.stdin.write((json.dumps(msg) + "\n").encode())
+            self.popen.stdin.flush()
+
+    def tasks(self, logs: dict[str, Path]) -> dict[str, StepTask]:
+        """Each task as a ChildProcess-like view, by name (`logs`: the log each task writes)."""
+        return {name: StepTask(self, name, logs[name]) for name in self.names}
+
+
+class StepTask:
+    """One task of an SrunStep, looking to its parent like a processes.ChildProcess: what is
+    sent to it goes to every task with its name; it has died when srun says so, or when the
+    step has ended; its log is the file it writes itself."""
+
+    def __init__(self, step: SrunStep, name: str, log_path: Path):
+        self.step, self.name, self.log_path = step, name, Path(log_path)
+        self.popen, self.pid = step.popen, step.pid
+
+    @property
+    def eof_at(self) -> float | None:
+        return self.step.eof_at
+
+    def send(self, msg: dict) -> None:
+        self.step.send(dict(msg, to=self.name))
+
+    def died(self) -> str | None:
+        if self.name in self.step.ended:
+            return self.step.ended[self.name]
+        rc = self.popen.poll()
+        return None if rc is None else f"ended with its srun step (exit code {rc})"
+
+    def terminate(self) -> None:
+        """Interrupt the whole step (srun passes SIGTERM on to every task), once."""
+        if self.popen.poll() is None:
+            try:
+                self.popen.terminate()
+            except ProcessLookupError:
+                pass
+
+    def reap(self, timeout: float) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(self.pid)
+            self.popen.wait()
+        for f in (self.popen.stdin, self.step.log):
+            try:
+                f.close()
+            except OSError:
+                pass
