@@ -190,7 +190,9 @@ class RunDir:
 
 def _parsed(line: str, source: str, offsets: dict[str, float]) -> dict:
     """One event, its times on the driver's clock: each stamp less the offset of the clock
-    that read it (a step's token stamps are read on PS task 0, when the step fetched)."""
+    that read it (a step's token stamps are read on PS task 0, when the step fetched). The
+    offsets are known to within half a round trip, so the PS's stamps are kept between the
+    worker's own around them, as they were in fact."""
     row = json.loads(line)
     row["source"] = source
     own = offsets.get(source, 0.0)
@@ -198,9 +200,13 @@ def _parsed(line: str, source: str, offsets: dict[str, float]) -> dict:
     stamps = row.get("stamps")
     if stamps is not None and row.get("kind") == Kind.STEP and offsets:
         ps = offsets.get("ps-0", 0.0) if row.get("fetched", True) else own
-        row["stamps"] = [
-            v - (ps if field in PS_STAMPS else own) for field, v in zip(StepStamps._fields, stamps)
-        ]
+        s = StepStamps(
+            *(v - (ps if f in PS_STAMPS else own) for f, v in zip(StepStamps._fields, stamps))
+        )
+        if ps != own:  # two clocks, each offset known to half a round trip: keep the order
+            reached = min(max(s.reached, s.called), s.arrived)
+            s = s._replace(reached=reached, granted=min(max(s.granted, reached), s.arrived))
+        row["stamps"] = list(s)
     return row
 
 

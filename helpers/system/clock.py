@@ -63,6 +63,14 @@ class OffsetEstimate:
         return None if self.best is None else self.best[1]
 
     @property
+    def significant(self) -> float:
+        """The offset where it is larger than its error, else 0: the same clock (one
+        machine, or hosts synchronised better than a round trip) is not shifted by noise."""
+        if self.best is None or abs(self.best[1]) <= self.best[0] / 2:
+            return 0.0
+        return self.best[1]
+
+    @property
     def error(self) -> float | None:
         """The most the offset can be off by: half the best round trip (s)."""
         return None if self.best is None else self.best[0] / 2
