@@ -53,6 +53,7 @@ LONGEST_FIRST = (
     "notebooks/07_fault_tolerance.ipynb",
     "notebooks/03_optimizer_sweep.ipynb",
     "tests/test_placement.py",  # clusters on three namespaced hosts over SSH
+    "tests/test_slurm.py",  # and through a real Slurm on them
 )
 
 

@@ -35,6 +35,15 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def slurm_unavailable_reason() -> str | None:
+    """Why SlurmOnHosts cannot run here, or None."""
+    missing = [t for t in ("slurmctld", "slurmd", "srun", "munged", "nsenter", "setpriv")
+               if shutil.which(t) is None]  # fmt: skip
+    if missing:
+        return f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge)"
+    return None
+
+
 def _ip(*args: str, netns: str | None = None) -> None:
     cmd = ["ip", *(["-n", netns] if netns else []), *args]
     subprocess.run(cmd, check=True, capture_output=True, timeout=30)
@@ -68,6 +77,7 @@ class NamespacedHosts:
         self.subnet = None
         self.addresses: list[str] = []
         self.sshd: list[subprocess.Popen] = []
+        self.daemon_pids: set[int] = set()  # the hosts' own daemons: sshd, slurmd
         self.ssh_config = self.folder / "ssh_config"
 
     def __enter__(self):
@@ -130,6 +140,7 @@ class NamespacedHosts:
                     start_new_session=True,
                 )
             )
+            self.daemon_pids.add(self.sshd[-1].pid)
             self.addresses.append(address)
         self.ssh_config.write_text(
             f"Host {net}.*\n  User root\n  IdentityFile {key}\n  StrictHostKeyChecking no\n"
@@ -150,8 +161,7 @@ class NamespacedHosts:
         out = subprocess.run(
             ["ip", "netns", "pids", self.names[i]], capture_output=True, text=True
         ).stdout.split()
-        daemon = self.sshd[i].pid if i < len(self.sshd) else None
-        return [int(p) for p in out if int(p) != daemon]
+        return [int(p) for p in out if int(p) not in self.daemon_pids]
 
     def wait_empty(self, timeout: float) -> dict[int, list[str]]:
         """Wait up to `timeout` s for every host to run nothing but its sshd; return what is
@@ -183,3 +193,146 @@ class NamespacedHosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
             subprocess.run(["ip", "link", "del", f"{ns}v"], capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
+
+
+class SlurmOnHosts:
+    """A real Slurm over NamespacedHosts: munged and slurmctld on this machine (the bridge's
+    address), one slurmd per host in its namespace and UTS namespace (node names n0, n1, ...
+    at the hosts' addresses), and an allocation of every node (`job`). SLURM_CONF points
+    Slurm's commands at it; `env` is what a test adds to its environment.
+
+    Debian's slurm-wlm and munge (CI installs them). As the facts note says, `ip netns exec`
+    would remount /sys and slurmd would find no cgroups: nodes enter with `nsenter --net`.
+    """
+
+    def __init__(self, hosts: NamespacedHosts):
+        self.hosts, self.folder = hosts, hosts.folder / "slurm"
+        self.conf = self.folder / "slurm.conf"
+        self.daemons: list[subprocess.Popen] = []
+        self.nodes = [f"n{i}" for i in range(hosts.n)]
+        self.job: str | None = None
+        self.env = {"SLURM_CONF": str(self.conf)}
+
+    def __enter__(self):
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _daemon(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        with open(self.folder / f"{name}.out", "ab") as log:
+            daemon = subprocess.Popen(
+                cmd, stdout=log, stderr=log, start_new_session=True,
+                env=dict(os.environ, **self.env),
+            )  # fmt: skip
+        self.daemons.append(daemon)
+        return daemon
+
+    def _start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            subprocess.run(["mungekey", "-c", "-k", str(key)], check=True, timeout=30)
+            shutil.chown(key, "munge", "munge")
+            key.chmod(0o400)
+        Path("/run/munge").mkdir(exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        if subprocess.run(["sh", "-c", "munge -n | unmunge"], capture_output=True).returncode:
+            self._daemon(
+                "munged",
+                ["setpriv", "--reuid=munge", "--regid=munge", "--init-groups",
+                 "/usr/sbin/munged", "--foreground"]
+            )  # fmt: skip
+            self._wait(["sh", "-c", "munge -n | unmunge"], "munged")
+        host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+        bridge = f"10.78.{self.hosts.subnet}.1"
+        lines = [
+            "ClusterName=labs",
+            f"SlurmctldHost={host}({bridge})",
+            "AuthType=auth/munge",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SlurmUser=root",
+            f"StateSaveLocation={self.folder}/state",
+            f"SlurmdSpoolDir={self.folder}/spool-%n",
+            f"SlurmdPidFile={self.folder}/slurmd-%n.pid",
+            f"SlurmctldPidFile={self.folder}/slurmctld.pid",
+            f"SlurmctldLogFile={self.folder}/ctld.log",
+            f"SlurmdLogFile={self.folder}/d-%n.log",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "ReturnToService=2",
+            "SlurmctldPort=16817",
+            "SlurmdPort=16818",
+        ]
+        cpus = os.cpu_count()
+        for node, address in zip(self.nodes, self.hosts.addresses):
+            lines.append(
+                f"NodeName={node} NodeAddr={address} NodeHostname={node} CPUs={cpus} "
+                "RealMemory=1000 State=UNKNOWN"
+            )
+            (self.folder / f"spool-{node}").mkdir(exist_ok=True)
+        lines.append(
+            f"PartitionName=labs Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE "
+            "State=UP OverSubscribe=FORCE:8"
+        )
+        (self.folder / "state").mkdir(exist_ok=True)
+        self.conf.write_text("\n".join(lines) + "\n")
+        self._daemon("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        for i, node in enumerate(self.nodes):
+            slurmd = self._daemon(
+                f"slurmd-{node}",
+                ["nsenter", f"--net=/run/netns/{self.hosts.names[i]}", "unshare", "--uts",
+                 "sh", "-c", f"hostname {node} && exec slurmd -D -N {node} -f {self.conf}"],
+            )  # fmt: skip
+            self.hosts.daemon_pids.add(slurmd.pid)  # not a leftover: it serves the host
+        self._wait(
+            [
+                "sh",
+                "-c",
+                "sinfo -h -o '%T %D' | grep -q '^idle 3$'".replace("3", str(len(self.nodes))),
+            ],
+            "the nodes idle in sinfo",
+            timeout=60,
+        )
+        out = subprocess.run(
+            ["salloc", f"-N{len(self.nodes)}", "--no-shell", "--immediate=30"],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, **self.env),
+        )  # fmt: skip
+        found = [w for w in out.stderr.split() if w.isdigit()]
+        assert out.returncode == 0 and found, f"salloc failed: {out.stderr}"
+        self.job = found[0]
+
+    def _wait(self, cmd, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        env = dict(os.environ, **self.env)
+        while subprocess.run(cmd, capture_output=True, env=env).returncode:
+            assert time.monotonic() < deadline, f"{what}: not up in {timeout:.0f} s"
+            time.sleep(0.3)
+
+    def close(self) -> None:
+        """Cancel the allocation, end the daemons by PID (slurmd's step daemons with their
+        hosts' processes: NamespacedHosts.close)."""
+        if self.job:
+            subprocess.run(
+                ["scancel", self.job], capture_output=True, timeout=30,
+                env=dict(os.environ, **self.env),
+            )  # fmt: skip
+        for daemon in reversed(self.daemons):
+            try:
+                os.killpg(daemon.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for daemon in reversed(self.daemons):
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+                daemon.wait()

@@ -19,6 +19,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from helpers import config
@@ -71,6 +72,8 @@ def test_the_processes_are_spread_over_the_hosts(cluster, hosts):
     spec = json.loads((cluster.dir / "cluster.json").read_text())
     assert spec["ps"] == [f"{hosts.addresses[0]}:2222", f"{hosts.addresses[1]}:2222"]
     assert spec["worker"] == [f"{hosts.addresses[2]}:2222", f"{hosts.addresses[0]}:2223"]
+    with pytest.raises(ValueError, match=r"kill\(\) signals processes of this machine"):
+        cluster.kill("worker:0")
     for i in range(3):  # each node runs in its host's namespace
         assert set(hosts.pids_in(i)) & set(cluster.nodes.node_pids.values())
 
@@ -140,21 +143,26 @@ LAUNCHER = textwrap.dedent("""
     import json, sys
     from helpers.cluster import LocalCluster
     from helpers.cluster.placement import SSH
-    hosts, config = json.loads(sys.argv[1]), sys.argv[2]
-    c = LocalCluster(workers=2, ps=1, placement=SSH(hosts, ssh_config=config)).start()
-    c.train(mode="sync", steps=10**6, train_size=3000, test_size=1000, progress=False,
-            run_id="driver-killed")
+    hosts, config, hung = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3] == "hung"
+    placement = SSH(hosts, ssh_config=config, port_base=2300)  # the shared cluster has 2222+
+    c = LocalCluster(workers=2, ps=1, placement=placement).start()
+    faults = {0: {"kind": "hang", "at": 5}} if hung else {}  # async goes on without it
+    c.train(mode="async" if hung else "sync", steps=10**6, train_size=3000, test_size=1000,
+            progress=False, run_id="driver-killed", faults=faults)
 """)
 
 
-@pytest.mark.parametrize("how", ["driver-sigkilled", "link-down"])
+@pytest.mark.parametrize("how", ["driver-sigkilled", "hung-worker-driver-sigkilled", "link-down"])
 def test_nothing_is_left_on_any_host(hosts, shared_data, tmp_path, how):
     """The driver SIGKILLed mid-run: its ssh clients go, each node reads the end of its stdin
-    and ends. A host cut off the network mid-run: the driver names it within 10 s, and its
-    nodes, which no longer hear the driver's pings, end themselves."""
+    and ends; a worker stopped by the hang fault runs no thread, and its guard, which watches
+    the same stdin, ends it. A host cut off the network mid-run: the driver names it within
+    10 s, and its nodes, which no longer hear the driver's pings, end themselves."""
     env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path))
+    hung = "hung" if how.startswith("hung") else "-"
+    args = [json.dumps(hosts.addresses), str(hosts.ssh_config), hung]
     parent = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, json.dumps(hosts.addresses), str(hosts.ssh_config)],
+        [sys.executable, "-c", LAUNCHER, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -166,7 +174,10 @@ def test_nothing_is_left_on_any_host(hosts, shared_data, tmp_path, how):
         while _updates(tmp_path / "driver-killed") < 20:
             assert time.monotonic() < deadline and parent.poll() is None, parent.stderr.read()
             time.sleep(0.2)
-        if how == "driver-sigkilled":
+        while hung == "hung" and not any(_stopped(p) for p in hosts.pids_in(1)):
+            assert time.monotonic() < deadline, f"worker 0 never hung: {hosts.wait_empty(0)}"
+            time.sleep(0.2)
+        if how.endswith("driver-sigkilled"):
             parent.send_signal(signal.SIGKILL)
             parent.wait(10)
         else:
@@ -185,6 +196,13 @@ def test_nothing_is_left_on_any_host(hosts, shared_data, tmp_path, how):
         if how == "link-down":
             hosts.link(1, up=True)
         end_parent_and_pids(parent, [p for i in range(3) for p in hosts.pids_in(i)])
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_every_host_is_checked_first_one_line_each(hosts, tmp_path, monkeypatch):

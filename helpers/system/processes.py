@@ -173,7 +173,9 @@ def lifeline_on_stdin(handle_now, silence_s: float = 10.0, stdin=None) -> queue.
     The thread ends this process and its group with SIGKILL when stdin closes (the parent, or
     its ssh client, is gone) or when no line has come for `silence_s` seconds (the link is
     down; the parent pings every second)."""
+    global _watched_fd
     stdin = stdin or sys.stdin.buffer
+    _watched_fd = os.dup(stdin.fileno())  # hang()'s guard watches the same pipe for its end
     inbox: queue.Queue = queue.Queue()
     last = [time.monotonic()]
 

@@ -1,0 +1,137 @@
+"""A cluster placed through a real Slurm: Debian's slurmctld and munge on this machine, a slurmd
+in each of three network namespaces with addresses of their own (tests/hosts.py), and an
+allocation of all three nodes, as `salloc` gives. The cluster's processes are the tasks of one
+srun step; their nodes and addresses come from Slurm.
+
+What is checked: the engine trains in sync and async with 2 PS tasks, every task on the node
+chosen for it, and the gathered event logs hold the invariants; a node whose processes are
+killed is named within 10 s, and nothing is left on any node.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from helpers import config
+from helpers.cluster import ClusterError, LocalCluster
+from helpers.cluster.placement import Slurm
+from tests import hosts as hosts_
+from tests.process_cleanup import end_parent_and_pids
+from tests.test_cluster_integration import check_views, steps_of, updates
+from tests.test_placement import SMALL, _updates
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    reason = hosts_.unavailable_reason() or hosts_.slurm_unavailable_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Slurm tests: {reason}")
+        pytest.skip(reason)
+    before = os.environ.get("SLURM_CONF")
+    with hosts_.NamespacedHosts(3, tmp_path_factory.mktemp("slurmhosts")) as hosts:
+        with hosts_.SlurmOnHosts(hosts) as s:
+            os.environ.update(s.env)
+            try:
+                yield s
+            finally:
+                os.environ.pop("SLURM_CONF")
+                if before is not None:
+                    os.environ["SLURM_CONF"] = before
+        left = hosts.wait_empty(10)
+    assert left == {}, f"left running on the nodes: {left}"
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm, shared_data):
+    placement = Slurm(slurm.job, srun_args=["--overlap", "--overcommit"])
+    with LocalCluster(workers=2, ps=2, placement=placement) as c:
+        yield c
+
+
+def test_slurm_gives_the_nodes_and_their_addresses(slurm, cluster):
+    assert cluster.nodes.placement.hosts == slurm.nodes
+    assert cluster.nodes.placement.address == dict(zip(slurm.nodes, slurm.hosts.addresses))
+    assert cluster.nodes.hosts == {"ps:0": "n0", "ps:1": "n1", "worker:0": "n2", "worker:1": "n0"}
+    for i, node in enumerate(slurm.nodes):  # each task runs in its node's namespace
+        mine = {p for n, p in cluster.nodes.node_pids.items() if cluster.nodes.hosts[n] == node}
+        assert mine <= set(slurm.hosts.pids_in(i)), (node, mine)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_engine_trains_across_slurm_nodes(cluster, tmp_path, mode):
+    run = cluster.train(mode=mode, steps=60, **SMALL)
+    assert len(updates(run)) == 60
+    assert set(steps_of(run).worker) == {0, 1}
+    if mode == "sync":
+        assert all(sorted(w) == [0, 1] for w in updates(run).workers)
+    check_views(run, tmp_path)
+
+
+def test_a_node_whose_processes_die_is_named_within_10_s(slurm, cluster):
+    """Every task on node n2 (worker 0) SIGKILLed mid-run; the last test of the cluster."""
+    mine = [p for n, p in cluster.nodes.node_pids.items() if cluster.nodes.hosts[n] == "n2"]
+    run_id, killed = f"slurmkill-{os.getpid()}", []
+
+    def kill_node():
+        deadline = time.monotonic() + 120
+        while _updates(config.runs_dir(run_id, create=False)) < 10:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+        for pid in mine:
+            os.kill(pid, signal.SIGKILL)
+        killed.append(time.monotonic())
+
+    threading.Thread(target=kill_node, daemon=True).start()
+    with pytest.raises(ClusterError) as err:
+        cluster.train(mode="sync", steps=10**6, run_id=run_id, **SMALL)
+    assert killed and time.monotonic() - killed[0] < 10
+    assert "worker:0 on host n2" in str(err.value), str(err.value)
+    # a lost sync worker fails the run, not the cluster: the others serve on until stop()
+    cluster.stop()
+    assert slurm.hosts.wait_empty(15) == {}
+
+
+DRIVER = textwrap.dedent("""
+    import sys
+    from helpers.cluster import LocalCluster
+    from helpers.cluster.placement import Slurm
+    placement = Slurm(sys.argv[1], srun_args=["--overlap", "--overcommit"], port_base=2300)
+    c = LocalCluster(workers=2, ps=1, placement=placement).start()
+    c.train(mode="sync", steps=10**6, train_size=3000, test_size=1000, progress=False,
+            run_id="slurm-driver-killed")
+""")
+
+
+def test_nothing_is_left_on_any_node_after_the_driver_is_sigkilled(slurm, shared_data, tmp_path):
+    """srun goes with the driver; each task reads the end of its stdin and ends, and Slurm
+    ends the step."""
+    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, slurm.job],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _updates(tmp_path / "slurm-driver-killed") < 20:
+            assert time.monotonic() < deadline and parent.poll() is None, parent.stderr.read()
+            time.sleep(0.2)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        left = slurm.hosts.wait_empty(15)
+        assert left == {}, f"left running: {left}"
+    finally:
+        end_parent_and_pids(parent, [p for i in range(3) for p in slurm.hosts.pids_in(i)])
