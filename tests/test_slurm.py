@@ -8,6 +8,7 @@ chosen for it, and the gathered event logs hold the invariants; a node whose pro
 killed is named within 10 s, and nothing is left on any node.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import time
 import pytest
 
 from helpers import config
-from helpers.cluster import ClusterError, LocalCluster
+from helpers.cluster import ClusterError, LocalCluster, tfconfig
 from helpers.cluster.placement import Slurm
 from tests import hosts as hosts_
 from tests.process_cleanup import end_parent_and_pids
@@ -99,6 +100,34 @@ def test_a_node_whose_processes_die_is_named_within_10_s(slurm, cluster):
     # a lost sync worker fails the run, not the cluster: the others serve on until stop()
     cluster.stop()
     assert slurm.hosts.wait_empty(15) == {}
+
+
+def test_notebook_08s_multi_worker_mirrored_strategy_on_two_nodes(slurm, shared_data):
+    """TF's own MultiWorkerMirroredStrategy, each worker a task of one srun step on a node of
+    its own: the all-reduce crosses nodes, and both replicas end with the same weights."""
+    job = {
+        "kind": "mwms",
+        "model": "logreg",
+        "optimizer": "sgd",
+        "lr": 0.5,
+        "train_size": 2048,
+        "test_size": 1000,
+        "runs": [{"batch_size": 128, "epochs": 2}],
+    }
+    placement = Slurm(slurm.job, srun_args=["--overlap", "--overcommit"], port_base=2400)
+    launch = tfconfig.run({"worker": 2}, job, timeout=240, placement=placement)
+    runs = [launch.results[f"worker:{i}"]["runs"][0] for i in range(2)]
+    assert runs[0]["weights_checksum"] == pytest.approx(runs[1]["weights_checksum"], rel=1e-6)
+    assert runs[0]["test_accuracy"] == runs[1]["test_accuracy"] > 0.8
+    spec = [json.loads(e)["cluster"]["worker"] for e in _tf_configs(launch.log_dir)]
+    assert spec[0] == [f"{a}:2400" for a in slurm.hosts.addresses[:2]]  # n0 and n1
+    assert all(row["ended"].startswith("exited with code 0") for row in launch.timeline.values())
+    assert slurm.hosts.wait_empty(10) == {}
+
+
+def _tf_configs(folder) -> list[str]:
+    tasks = json.loads((folder / "slurm-tasks.json").read_text())
+    return [task["env"]["TF_CONFIG"] for task in tasks]  # each task's own, in rank order
 
 
 DRIVER = textwrap.dedent("""

@@ -5,8 +5,8 @@ training runs as its job: ps.py's loop on the PS, worker.py's on a worker, evalu
 the evaluator; wire.py declares the shared resources they talk through. Under a launcher
 (--control) the node reads run commands from stdin and answers on stdout; standalone
 (--run config.json) it runs one run and exits. On another host than its launcher (--remote:
-through ssh, or a task of an srun step with --slurm-roles) its stdin is its lifeline and it
-answers the launcher's pings.
+through ssh, or a task of an srun step) its stdin is its lifeline and it answers the
+launcher's pings.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from helpers.system import clock
 from helpers.system.control import Cmd, Event, event_line
-from helpers.system.processes import die_with_parent, lean_keras_import, lifeline_on_stdin
+from helpers.system.processes import die_with_parent, lean_keras_import
+from helpers.system.remote import remote_lifeline
 
 
 class Node:
@@ -152,15 +153,9 @@ class Node:
 
 def _channel(args, me: str, node_ref: list):
     """The launcher's channel under --control: `say` (thread-safe) and, on another host, the
-    queue of its commands (lifeline_on_stdin: pings are answered, DEAD is passed to
-    node_ref[0], messages for another task of a shared stdin are dropped). Fd 1 goes to the
-    log from here on; with --log, fd 2 too."""
+    queue of its commands (remote_lifeline: pings answered, DEAD passed to node_ref[0]). Fd 1
+    goes to the log (stderr) from here on."""
     proto = os.fdopen(os.dup(1), "w")
-    if args.log:
-        log = args.log.format(job=args.job, task=args.task)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
     os.dup2(2, 1)
     lock = threading.Lock()  # the main thread and the lifeline's reader both answer
 
@@ -173,26 +168,18 @@ def _channel(args, me: str, node_ref: list):
         die_with_parent(args.parent_pid)
         return say, None
 
-    def handle_now(msg) -> bool:
-        if msg.get("to", me) != me:  # for another task of the same srun step
-            return True
-        if msg.get("cmd") == Cmd.PING:
-            say(Event.PONG, t=msg["t"], node_t=clock.now())
-            return True
-        if msg.get("cmd") == Cmd.DEAD:
-            if node_ref and node_ref[0].on_dead is not None:
-                node_ref[0].on_dead(int(msg["worker"]))
-            return True
-        return False
+    def dead(msg) -> None:  # PS task 0: the launcher lost a worker on another host
+        if node_ref and node_ref[0].on_dead is not None:
+            node_ref[0].on_dead(int(msg["worker"]))
 
-    return say, lifeline_on_stdin(handle_now)
+    return say, remote_lifeline(me, say, {Cmd.DEAD: dead})
 
 
 def main(argv=None) -> int:
     """Parse arguments, start the TF server or client, then serve run commands."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True, help="JSON file: {'ps': ['host:port'], ...}")
-    p.add_argument("--job", choices=["ps", "worker", "evaluator"])
+    p.add_argument("--job", required=True, choices=["ps", "worker", "evaluator"])
     p.add_argument("--task", type=int, default=0)
     p.add_argument("--run", help="standalone: the run config JSON to train once, then exit")
     p.add_argument("--control", action="store_true", help="read run commands from stdin")
@@ -202,18 +189,7 @@ def main(argv=None) -> int:
         action="store_true",
         help="on another host than the launcher: stdin is the lifeline; answer its pings",
     )
-    p.add_argument(
-        "--slurm-roles",
-        help="a task of an srun step: its name by SLURM_PROCID in this list (ps:0,worker:0,...)",
-    )
-    p.add_argument("--log", help="write stderr and prints to this file ({job}, {task} filled in)")
     args = p.parse_args(argv)
-    if args.slurm_roles:
-        name = args.slurm_roles.split(",")[int(os.environ["SLURM_PROCID"])]
-        args.job, _, task = name.partition(":")
-        args.task = int(task)
-    if args.job not in ("ps", "worker", "evaluator"):
-        p.error("--job ps|worker|evaluator is required (or --slurm-roles)")
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     lean_keras_import()
     me = f"{args.job}:{args.task}"

@@ -29,7 +29,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from helpers import config
+from helpers import config, files
 from helpers.system import clock, remote, slurm
 from helpers.system.control import Cmd, command
 from helpers.system.processes import ChildProcess
@@ -197,14 +197,10 @@ class SSH(_Hosts):
             connect_timeout=self.connect_timeout,
         )
 
-    def start(self, names, argv, env, logs, inbox, hosts) -> dict:
+    def start(self, names, argv, envs, logs, inbox, hosts) -> dict:
         """One ssh client per process, each a ChildProcess of this one."""
-        return {
-            name: ChildProcess(
-                name, self.command(hosts[name], argv[name][1:], env), env, logs[name], inbox
-            )
-            for name in names
-        }
+        cmds = {n: self.command(hosts[n], argv[n][1:], envs[n]) for n in names}
+        return {n: ChildProcess(n, cmds[n], envs[n], logs[n], inbox) for n in names}
 
     def _probe_all(self, ports: dict, token_file: Path, token: str) -> dict:
         with ThreadPoolExecutor(len(self.hosts)) as pool:
@@ -285,18 +281,28 @@ class Slurm(_Hosts):
             *self.srun_args, self.python, *argv,
         ]  # fmt: skip
 
-    def start(self, names, argv, env, logs, inbox, hosts) -> dict:
-        """One srun step: task i on the node of names[i] (SLURM_HOSTFILE), each a StepTask."""
-        hostfile = Path(logs[names[0]]).parent / "slurm-hosts"
+    def start(self, names, argv, envs, logs, inbox, hosts) -> dict:
+        """One srun step: task i on the node of names[i] (SLURM_HOSTFILE), running argv[names[i]]
+        with its own variables and log (slurm.TASK), each a StepTask."""
+        folder = Path(logs[names[0]]).parent
+        hostfile, tasks = folder / "slurm-hosts", folder / "slurm-tasks.json"
         hostfile.write_text("".join(f"{hosts[n]}\n" for n in names))
-        node_argv = argv[names[0]][1:]
-        job, task = node_argv.index("--job"), node_argv.index("--task")
-        node_argv = [a for i, a in enumerate(node_argv) if i not in (job, job + 1, task, task + 1)]
-        node_argv += ["--slurm-roles", ",".join(names)]
-        node_argv += ["--log", str(hostfile.parent / "{job}-{task}.log")]  # the node fills in
-        cmd = self.srun(len(names), ["--distribution=arbitrary"], node_argv)
-        step_env = dict(env, SLURM_HOSTFILE=str(hostfile))
-        step = slurm.SrunStep(cmd, step_env, names, hostfile.parent / "srun.log", inbox)
+        first = envs[names[0]]
+        common = {k: v for k, v in first.items() if all(envs[n].get(k) == v for n in names)}
+        files.write_json(
+            tasks,
+            [
+                {
+                    "argv": [self.python, *argv[n][1:]],
+                    "env": {k: v for k, v in envs[n].items() if k not in common},
+                    "log": str(logs[n]),
+                }
+                for n in names
+            ],
+        )
+        cmd = self.srun(len(names), ["--distribution=arbitrary"], [*slurm.TASK, str(tasks)])
+        step_env = dict(common, SLURM_HOSTFILE=str(hostfile))
+        step = slurm.SrunStep(cmd, step_env, names, folder / "srun.log", inbox)
         return step.tasks(logs)
 
     def _probe_all(self, ports: dict, token_file: Path, token: str) -> dict:
@@ -355,35 +361,40 @@ class Nodes:
         self._stop = threading.Event()
 
     def spec(self, jobs, folder: Path, local_ps_ports) -> dict[str, list[str]]:
-        """The cluster file's addresses: the PS tasks' on this machine (`local_ps_ports()`);
-        every process's when placed on other hosts (checked first: HostError), where each must
-        be reachable by the others."""
+        """The engine's cluster file: the PS tasks' addresses on this machine
+        (`local_ps_ports()`); every process's when placed on other hosts (place())."""
         order = {"ps": 0, "worker": 1, "evaluator": 2}  # PS tasks first: on different hosts
         names = [f"{job}:{task}" for job, task in sorted(jobs, key=lambda j: (order[j[0]], j[1]))]
         if not self.placement.remote:
             self.hosts = {name: "localhost" for name in names}
             return {"ps": [f"localhost:{port}" for port in local_ps_ports()]}
+        spec: dict[str, list[str]] = {}
+        for name, address in self.place(names, folder).items():  # task 0, 1, ... of each job
+            spec.setdefault(name.split(":")[0], []).append(address)
+        return spec
+
+    def place(self, names: list[str], folder: Path) -> dict[str, str]:
+        """Give each process ("ps:0", ...) a host, round robin in the order given, check every
+        host (HostError), and return each process's address ("10.0.0.2:2222"), which the
+        others must reach."""
         placed = self.placement.assign(names)
         self.placement.check(placed, folder)
         self.hosts = {name: host for name, (host, _) in placed.items()}
-        spec: dict[str, list[str]] = {}
-        for name, (host, port) in placed.items():  # in order: task 0, 1, ... of each job
-            spec.setdefault(name.split(":")[0], []).append(f"{self.placement.address[host]}:{port}")
-        return spec
+        return {n: f"{self.placement.address[host]}:{port}" for n, (host, port) in placed.items()}
 
-    def start(self, argv: dict, env: dict, folder: Path, inbox) -> dict:
-        """Start every process where it is placed (`argv`: name -> this Python and a node's
-        arguments, in starting order), with its lifeline: the parent's PID on this machine,
-        stdin on another host. Returns ChildProcess(-like) objects by name."""
+    def start(self, argv: dict, env: dict, folder: Path, inbox, envs=None) -> dict:
+        """Start every process where it is placed (`argv`: name -> this Python and a module's
+        arguments, in starting order; `envs`: name -> the variables a process adds to `env`),
+        with its lifeline: the parent's PID on this machine (--parent-pid), stdin on another
+        host (--remote). Returns ChildProcess(-like) objects by name; logs <name>.log."""
         logs = {n: Path(folder) / f"{n.replace(':', '-')}.log" for n in argv}
+        envs = {n: dict(env, **(envs or {}).get(n, {})) for n in argv}
         if not self.placement.remote:
-            return {
-                n: ChildProcess(n, cmd + ["--parent-pid", str(os.getpid())], env, logs[n], inbox)
-                for n, cmd in argv.items()
-            }
+            pid = ["--parent-pid", str(os.getpid())]
+            return {n: ChildProcess(n, c + pid, envs[n], logs[n], inbox) for n, c in argv.items()}
         self.clocks = {n: clock.OffsetEstimate() for n in argv}
         remote_argv = {n: cmd + ["--remote"] for n, cmd in argv.items()}
-        return self.placement.start(list(argv), remote_argv, env, logs, inbox, self.hosts)
+        return self.placement.start(list(argv), remote_argv, envs, logs, inbox, self.hosts)
 
     def start_pinging(self, procs: dict) -> None:
         """Ping every node on another host each second, in a thread, until stop()."""

@@ -1,8 +1,8 @@
 """What each TF_CONFIG task runs: MultiWorkerMirroredStrategy, ParameterServerStrategy, servers.
 
-`python -m helpers.cluster.strategies job.json [launcher_pid]` reads its role from TF_CONFIG
-(set by helpers.cluster.tfconfig), runs the job and prints one JSON line {"event": "done",
-"result": ...} on stdout. Both strategies use a custom training loop: Keras 3's
+`python -m helpers.cluster.strategies job.json [--parent-pid PID | --remote]` reads its role
+from TF_CONFIG (set by helpers.cluster.tfconfig), runs the job and prints one JSON line
+{"event": "done", "result": ...} on stdout. Both strategies use a custom training loop: Keras 3's
 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) and Keras 3
 dropped ParameterServerStrategy training altogether (keras-team/keras#18624).
 """
@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from helpers.data.arrays import load_arrays
 from helpers.system.control import Event, event_line
 from helpers.system.netns import loopback_tx_bytes
 from helpers.system.processes import die_with_parent, lean_keras_import
+from helpers.system.remote import remote_lifeline
 
 # The engine's loader (same seeded subset and scaling) and accuracy (argmax over test batches).
 from helpers.training.models import MODELS, accuracy, build
@@ -371,17 +373,28 @@ def run_server() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Run the job file argv[0] in the role TF_CONFIG gives this process; argv[1], if given,
-    is the launcher's PID: this task is SIGKILLed when the launcher dies (TF catches SIGTERM)."""
+    """`python -m helpers.cluster.strategies job.json [--parent-pid PID | --remote]`: run the
+    job in the role TF_CONFIG gives this process. --parent-pid: this task is SIGKILLed when
+    the launcher dies (TF catches SIGTERM); --remote, on another host: stdin is its lifeline
+    and it answers the launcher's pings (helpers.system.remote.remote_lifeline)."""
     lean_keras_import()
-    if len(argv) > 1:
-        die_with_parent(int(argv[1]), signal.SIGKILL)
+    lock = threading.Lock()  # the main thread and the lifeline's reader both print
+
+    def say(event, **fields) -> None:
+        with lock:
+            print(event_line(event, **fields), end="", flush=True)
+
+    if "--parent-pid" in argv:
+        die_with_parent(int(argv[argv.index("--parent-pid") + 1]), signal.SIGKILL)
+    elif "--remote" in argv:
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
+        remote_lifeline(f"{task['type']}:{task['index']}", say)
     job = validate(json.loads(Path(argv[0]).read_text()))
     if job["kind"] == "server":
         run_server()
         return
     result = run_mwms(job) if job["kind"] == "mwms" else run_ps(job)
-    print(event_line(Event.DONE, result=result), end="", flush=True)
+    say(Event.DONE, result=result)
 
 
 if __name__ == "__main__":

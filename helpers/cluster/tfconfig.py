@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import config, files
+from helpers.cluster import placement as placement_
 from helpers.system import netns, resources
 from helpers.system.processes import (
     ChildProcess,
@@ -73,6 +74,8 @@ class TFConfigCluster:
         isolate: "auto" runs every task in a private network namespace when the OS allows it
             (warning once when not), True insists, False never isolates (see
             helpers/system/netns.py).
+        placement: None (this machine), or other hosts: placement.Slurm() inside an
+            allocation, placement.SSH([...]) (helpers/cluster/placement.py).
     Raises:
         ValueError: for bad roles or timeout, before any process starts.
     """
@@ -86,7 +89,9 @@ class TFConfigCluster:
         name: str | None = None,
         module: str = "helpers.cluster.strategies",
         isolate="auto",
+        placement=None,
     ):
+        self.nodes = placement_.Nodes(placement, isolate)  # validates `placement`
         self.cluster = cluster_spec(roles)
         if module == "helpers.cluster.strategies":
             from helpers.cluster.strategies import validate
@@ -101,7 +106,8 @@ class TFConfigCluster:
         self.dir: Path | None = None
         self.procs: dict[str, ChildProcess] = {}
         self.inbox: queue.Queue = queue.Queue()
-        self.network = netns.PrivateNetwork(isolate, "TF_CONFIG cluster")
+        remote = self.nodes.placement.remote
+        self.network = netns.PrivateNetwork(False if remote else isolate, "TF_CONFIG cluster")
         self.t0: float | None = None
         self.results: dict = {}
         self.ended: dict = {}  # task name -> how it ended and when (see stop)
@@ -143,28 +149,32 @@ class TFConfigCluster:
         # only INFO), which helpers/__init__.py hides from the notebooks.
         env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="1")
         try:
-            for role, addresses in self.cluster.items():
-                for index in range(len(addresses)):
-                    name = f"{role}:{index}"
-                    job_file = job_files["server" if role in self.servers else "job"]
-                    cmd = prefix + [
-                        sys.executable,
-                        "-m",
-                        self.module,
-                        str(job_file),
-                        str(os.getpid()),
-                    ]
-                    self.procs[name] = ChildProcess(
-                        name,
-                        cmd,
-                        dict(env, TF_CONFIG=tf_config(self.cluster, role, index)),
-                        self.dir / f"{role}-{index}.log",
-                        self.inbox,
-                    )
+            names = [f"{r}:{i}" for r, addrs in self.cluster.items() for i in range(len(addrs))]
+            if self.nodes.placement.remote:
+                self._place(names)
+            argv, envs = {}, {}
+            for name in names:
+                role, index = name.split(":")
+                job_file = job_files["server" if role in self.servers else "job"]
+                argv[name] = prefix + [sys.executable, "-m", self.module, str(job_file)]
+                envs[name] = {"TF_CONFIG": tf_config(self.cluster, role, int(index))}
+            self.procs.update(self.nodes.start(argv, env, self.dir, self.inbox, envs))
+            self.nodes.start_pinging(self.procs)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _place(self, names: list[str]) -> None:
+        """Every task's address on its host, the hosts checked first."""
+        try:
+            placed = self.nodes.place(names, self.dir)
+        except placement_.HostError as exc:
+            raise TFConfigError(str(exc)) from None
+        self.cluster = {
+            role: [placed[f"{role}:{i}"] for i in range(len(tasks))]
+            for role, tasks in self.cluster.items()
+        }
 
     def wait(self) -> dict:
         """Wait until every non-server task reports its result; return them by task name.
@@ -181,11 +191,8 @@ class TFConfigCluster:
             failed = exc
         if failed.how.startswith("timed out"):
             self._fail(f"{failed.how} waiting for {failed.waiting}", failed.name)
-        self._fail(
-            f"{failed.name} (pid {self.procs[failed.name].pid}) {failed.how} "
-            "before reporting a result",
-            failed.name,
-        )
+        where = self.nodes.where(failed.name, self.procs[failed.name].pid)
+        self._fail(f"{where} {failed.how} before reporting a result", failed.name)
 
     def _fail(self, what: str, name: str):
         log = self.procs[name].log_path
@@ -194,6 +201,7 @@ class TFConfigCluster:
 
     def stop(self) -> None:
         """End every task's process group at once (idempotent); write the launch timeline."""
+        self.nodes.stop()
         if self.procs:
             self.ended = end_all(self.procs.values())
             self.procs.clear()
@@ -271,6 +279,7 @@ def run(
     timeout: float = 600.0,
     name: str | None = None,
     isolate="auto",
+    placement=None,
 ) -> Launch:
     """Start a cluster, run `job`, end every process; return the Launch.
 
@@ -281,7 +290,9 @@ def run(
     from helpers.system.resources import ResourceMonitor
 
     t0 = time.perf_counter()
-    with TFConfigCluster(roles, job, servers, timeout, name, isolate=isolate) as cluster:
+    with TFConfigCluster(
+        roles, job, servers, timeout, name, isolate=isolate, placement=placement
+    ) as cluster:
         names = {pid: n for n, pid in cluster.pids.items()}
         isolated = cluster.network.isolated  # (stopping the cluster ends the namespace)
         with ResourceMonitor(list(names), interval=0.5, pss_every=2.0) as monitor:

@@ -104,7 +104,7 @@ def spawn(cmd: list[str], env: dict | None = None, **popen_kwargs) -> subprocess
     )
 
 
-def _end_self(sig: int) -> None:
+def end_self(sig: int) -> None:
     """Kill this process, and its group when it leads one (its own children go too)."""
     try:
         if os.getpgrp() == os.getpid():
@@ -143,7 +143,7 @@ def watch_lifeline(sig: int = signal.SIGKILL) -> bool:
                 pass
         except OSError:
             pass
-        _end_self(sig)
+        end_self(sig)
 
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
     return True
@@ -165,40 +165,11 @@ def die_with_parent(parent_pid: int | None, sig: int = signal.SIGKILL) -> None:
         os._exit(1)
 
 
-def lifeline_on_stdin(handle_now, silence_s: float = 10.0, stdin=None) -> queue.Queue:
-    """A child on another host (started through ssh or srun): its lifeline is its stdin,
-    since no pipe or parent-death signal crosses machines. A thread reads the parent's lines:
-    `handle_now(message)` may act on one at once and return True (a ping's answer while the
-    main thread trains); every other message goes on the returned queue.
-    The thread ends this process and its group with SIGKILL when stdin closes (the parent, or
-    its ssh client, is gone) or when no line has come for `silence_s` seconds (the link is
-    down; the parent pings every second)."""
+def guard_with(fd: int) -> None:
+    """Let hang()'s guard watch `fd` (a pipe whose end means this process's parent is gone),
+    for a process whose lifeline is not `spawn`'s: one on another host watches its stdin."""
     global _watched_fd
-    stdin = stdin or sys.stdin.buffer
-    _watched_fd = os.dup(stdin.fileno())  # hang()'s guard watches the same pipe for its end
-    inbox: queue.Queue = queue.Queue()
-    last = [time.monotonic()]
-
-    def read():
-        for line in stdin:
-            last[0] = time.monotonic()
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if not handle_now(msg):
-                inbox.put(msg)
-        _end_self(signal.SIGKILL)
-
-    def watch():
-        while time.monotonic() - last[0] <= silence_s:
-            time.sleep(0.5)
-        print(f"no word from the launcher for {silence_s:.0f} s: ending", file=sys.stderr)
-        _end_self(signal.SIGKILL)
-
-    threading.Thread(target=read, name="lifeline-stdin", daemon=True).start()
-    threading.Thread(target=watch, name="lifeline-silence", daemon=True).start()
-    return inbox
+    _watched_fd = fd
 
 
 # A stopped process's guard: SIGKILL process (group) PID when the lifeline read end FD reads

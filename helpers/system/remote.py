@@ -7,6 +7,9 @@ child does (`processes.ChildProcess`). `-T` (no terminal) and `BatchMode=yes` (n
 password: fail at once instead); `ServerAliveInterval` makes the client exit within seconds of
 the link going dead, which the parent sees as the child ending.
 
+On the host, the process's lifeline is its stdin (`lifeline_on_stdin`, `remote_lifeline`): no
+pipe or parent-death signal crosses machines.
+
 `probe()` runs on the host (`python -m helpers.system.remote probe ...`, standard library and
 psutil only, no TensorFlow) and says what the driver needs to know before it starts anything
 there: the code version, the data, the ports, whether the run folder is shared, the host's
@@ -20,11 +23,18 @@ import hashlib
 import ipaddress
 import json
 import os
+import queue
 import shlex
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
+
+from helpers.system import clock
+from helpers.system.control import Event
+from helpers.system.processes import end_self, guard_with
 
 SSH_OPTIONS = [
     "-T",
@@ -141,6 +151,64 @@ def probe(ports: list[int], token_file: str, token: str) -> dict:
         "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
         "time": time.time(),
     }
+
+
+def lifeline_on_stdin(handle_now, silence_s: float = 10.0, fd: int = 0) -> queue.Queue:
+    """A child on another host (started through ssh or srun): its lifeline is its stdin,
+    since no pipe or parent-death signal crosses machines. A thread reads the parent's lines:
+    `handle_now(message)` may act on one at once and return True (a ping's answer while the
+    main thread trains); every other message goes on the returned queue.
+    The thread ends this process and its group with SIGKILL when stdin closes (the parent, or
+    its ssh client, is gone) or when no line has come for `silence_s` seconds (the link is
+    down; the parent pings every second). It reads the file descriptor itself (os.read), not
+    sys.stdin: a daemon thread blocked inside a buffered reader aborts the interpreter's exit."""
+    guard_with(os.dup(fd))  # hang()'s guard watches the same pipe for its end
+    inbox: queue.Queue = queue.Queue()
+    last = [time.monotonic()]
+
+    def read():
+        pending = b""
+        while chunk := os.read(fd, 65536):
+            last[0] = time.monotonic()
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if not handle_now(msg):
+                    inbox.put(msg)
+        end_self(signal.SIGKILL)
+
+    def watch():
+        while time.monotonic() - last[0] <= silence_s:
+            time.sleep(0.5)
+        print(f"no word from the launcher for {silence_s:.0f} s: ending", file=sys.stderr)
+        end_self(signal.SIGKILL)
+
+    threading.Thread(target=read, name="lifeline-stdin", daemon=True).start()
+    threading.Thread(target=watch, name="lifeline-silence", daemon=True).start()
+    return inbox
+
+
+def remote_lifeline(me: str, say, handlers: dict | None = None) -> queue.Queue:
+    """lifeline_on_stdin for process `me` ("worker:0") on another host than its parent: it
+    drops what is sent to another task of a shared stdin (a message's `to`), answers each ping
+    at once with `say(Event.PONG, t=..., node_t=<its clock>)`, hands a command listed in
+    `handlers` to its function, and queues the rest."""
+
+    def handle_now(msg) -> bool:
+        if msg.get("to", me) != me:
+            return True
+        if msg.get("cmd") == "ping":
+            say(Event.PONG, t=msg["t"], node_t=clock.now())
+            return True
+        if msg.get("cmd") in (handlers or {}):
+            handlers[msg["cmd"]](msg)
+            return True
+        return False
+
+    return lifeline_on_stdin(handle_now)
 
 
 def main(argv=None) -> int:

@@ -26,6 +26,19 @@ from pathlib import Path
 from helpers.system.control import Event
 from helpers.system.processes import kill_group, spawn
 
+# What each task of a step runs first (standard library only): its own argv, variables and log
+# from a JSON list, by SLURM_PROCID; then it becomes that program (exec: the same PID).
+TASK = [
+    "-I",
+    "-S",
+    "-c",
+    "import json, os, sys\n"
+    "me = json.load(open(sys.argv[1]))[int(os.environ['SLURM_PROCID'])]\n"
+    "os.environ.update(me['env'])\n"
+    "fd = os.open(me['log'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+    "os.dup2(fd, 2)\n"
+    "os.execv(me['argv'][0], me['argv'])\n",
+]
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$")
 ENDED = re.compile(r"task (\d+): (.+)$")  # srun: error: n2: task 3: Killed
 
@@ -67,6 +80,7 @@ class SrunStep:
         self.eof_at: float | None = None
         self.log = open(log, "wb")
         self._lock = threading.Lock()
+        self._terminated = False
         self.popen = spawn(
             cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -101,6 +115,16 @@ class SrunStep:
             self.popen.stdin.write((json.dumps(msg) + "\n").encode())
             self.popen.stdin.flush()
 
+    def terminate(self, grace: float = 3.0) -> None:
+        """See StepTask.terminate (idempotent)."""
+        if self._terminated:
+            return
+        self._terminated = True
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.popen.terminate()
+
     def tasks(self, logs: dict[str, Path]) -> dict[str, StepTask]:
         """Each task as a ChildProcess-like view, by name (`logs`: the log each task writes)."""
         return {name: StepTask(self, name, logs[name]) for name in self.names}
@@ -126,15 +150,16 @@ class StepTask:
         if self.name in self.step.ended:
             return self.step.ended[self.name]
         rc = self.popen.poll()
-        return None if rc is None else f"ended with its srun step (exit code {rc})"
+        if rc is None:
+            return None
+        # srun names each task that failed; with none named and 0, every task exited with 0
+        return "exited with code 0" if rc == 0 else f"ended with its srun step (exit code {rc})"
 
     def terminate(self) -> None:
-        """Interrupt the whole step (srun passes SIGTERM on to every task), once."""
-        if self.popen.poll() is None:
-            try:
-                self.popen.terminate()
-            except ProcessLookupError:
-                pass
+        """End the whole step, once for all its tasks: 3 s for the tasks to exit by
+        themselves (they were asked to, or have reported and are leaving), then SIGTERM to
+        srun, which cancels the step (Slurm kills what is left)."""
+        self.step.terminate()
 
     def reap(self, timeout: float) -> None:
         try:
