@@ -6,9 +6,10 @@ import shlex
 
 import pytest
 
+from helpers.cluster import placement
 from helpers.cluster.events import StepStamps
 from helpers.cluster.rundir import RunDir
-from helpers.system import clock, remote
+from helpers.system import clock, remote, slurm
 
 
 def test_the_least_delayed_round_trip_gives_the_offset_within_half_its_delay():
@@ -89,3 +90,18 @@ def test_the_ssh_command_quotes_what_it_forwards():
 )
 def test_public_addresses(address, public):
     assert remote.is_public(address) is public
+
+
+def test_the_placement_a_session_offers(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv(placement.HOSTS_ENV, raising=False)
+    assert placement.detect() is None  # this machine
+    monkeypatch.setenv(placement.HOSTS_ENV, " lab1, lab2 ,")
+    found = placement.detect()
+    assert isinstance(found, placement.SSH) and found.hosts == ["lab1", "lab2"]
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no srun: not inside a usable allocation
+    assert isinstance(placement.detect(), placement.SSH)
+    with pytest.raises(slurm.SlurmError, match="no Slurm allocation: run inside salloc or sbatch"):
+        monkeypatch.delenv("SLURM_JOB_ID")
+        placement.Slurm()

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from helpers import config
-from helpers.cluster import ClusterError, LocalCluster, tfconfig
+from helpers.cluster import ClusterError, LocalCluster, placement, tfconfig
 from helpers.cluster.placement import Slurm
 from tests import hosts as hosts_
 from tests.process_cleanup import end_parent_and_pids
@@ -58,7 +58,10 @@ def cluster(slurm, shared_data):
         yield c
 
 
-def test_slurm_gives_the_nodes_and_their_addresses(slurm, cluster):
+def test_slurm_gives_the_nodes_and_their_addresses(slurm, cluster, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", slurm.job)  # as inside the allocation
+    found = placement.detect()
+    assert isinstance(found, Slurm) and found.hosts == slurm.nodes
     assert cluster.nodes.placement.hosts == slurm.nodes
     assert cluster.nodes.placement.address == dict(zip(slurm.nodes, slurm.hosts.addresses))
     assert cluster.nodes.hosts == {"ps:0": "n0", "ps:1": "n1", "worker:0": "n2", "worker:1": "n0"}

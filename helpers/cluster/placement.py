@@ -329,6 +329,21 @@ class Slurm(_Hosts):
         return found
 
 
+HOSTS_ENV = "LABS_HOSTS"  # "host1,host2,...": the hosts detect() places a cluster on over SSH
+
+
+def detect():
+    """The placement this session offers: Slurm() inside an allocation (SLURM_JOB_ID set and
+    srun on PATH), SSH over the hosts in LABS_HOSTS ("host1,host2"), else None (this machine).
+    """
+    import shutil
+
+    if os.environ.get("SLURM_JOB_ID") and shutil.which("srun"):
+        return Slurm()
+    hosts = [h.strip() for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip()]
+    return SSH(hosts) if hosts else None
+
+
 class Nodes:
     """A cluster's processes on their hosts, as the launcher knows them: where each runs, its
     PID there, and for those on other hosts their answers to its pings (lifeline, liveness,
