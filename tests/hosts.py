@@ -66,19 +66,8 @@ def _describe(pid: int) -> str:
         return f"{pid} (gone)"
 
 
-class NamespacedHosts:
-    """`n` hosts: namespaces labs<tag>h<i>, addresses 10.78.X.(i+2), sshd on port 22 in each."""
-
-    def __init__(self, n: int, folder: Path):
-        self.n, self.folder = n, Path(folder)
-        self.tag = f"{os.getpid() % 100000}"
-        self.bridge = f"lb{self.tag}"
-        self.names = [f"labs{self.tag}h{i}" for i in range(n)]
-        self.subnet = None
-        self.addresses: list[str] = []
-        self.sshd: list[subprocess.Popen] = []
-        self.daemon_pids: set[int] = set()  # the hosts' own daemons: sshd, slurmd
-        self.ssh_config = self.folder / "ssh_config"
+class _Started:
+    """A context manager over _start() and close(): close() also when _start() fails half-way."""
 
     def __enter__(self):
         try:
@@ -91,6 +80,80 @@ class NamespacedHosts:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def updates_in(run_dir: Path) -> int:
+    """PS updates logged so far in the run folder `run_dir` (0 before its log exists)."""
+    try:
+        return (Path(run_dir) / "ps-0.jsonl").read_text().count('"kind": "update"')
+    except OSError:
+        return 0
+
+
+def driver_mid_run(script: str, args: list[str], runs_dir: Path, run_id: str, updates=20):
+    """Start a driver (`python -c script *args`) whose run `run_id` goes to `runs_dir`; return
+    its Popen (stdin, stdout, stderr piped) once that run has made `updates` PS updates."""
+    import sys
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, LABS_RUNS_DIR=str(runs_dir)),
+    )
+    deadline = time.monotonic() + 120
+    while updates_in(Path(runs_dir) / run_id) < updates:
+        if time.monotonic() > deadline or parent.poll() is not None:
+            parent.kill()
+            raise AssertionError(f"the driver's run never got going: {parent.communicate()[1]}")
+        time.sleep(0.2)
+    return parent
+
+
+def kill_mid_run(cluster, host: str, run_id: str, **train) -> tuple[BaseException, float]:
+    """SIGKILL every process of `cluster` on `host` once its run `run_id` has made 10 PS
+    updates; return the error the run raised and when the processes were killed."""
+    import threading
+
+    from helpers import config
+
+    mine = [p for n, p in cluster.nodes.node_pids.items() if cluster.nodes.hosts[n] == host]
+    run_dir, killed = config.runs_dir(run_id, create=False), []
+
+    def kill():
+        deadline = time.monotonic() + 120
+        while updates_in(run_dir) < 10:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+        for pid in mine:
+            os.kill(pid, signal.SIGKILL)
+        killed.append(time.monotonic())
+
+    threading.Thread(target=kill, daemon=True).start()
+    try:
+        cluster.train(run_id=run_id, **train)
+    except BaseException as exc:  # the caller checks what it is
+        assert killed, f"the run failed before the kill: {exc}"
+        return exc, killed[0]
+    raise AssertionError(f"run {run_id} went on after {host}'s processes were killed")
+
+
+class NamespacedHosts(_Started):
+    """`n` hosts: namespaces labs<tag>h<i>, addresses 10.78.X.(i+2), sshd on port 22 in each."""
+
+    def __init__(self, n: int, folder: Path):
+        self.n, self.folder = n, Path(folder)
+        self.tag = f"{os.getpid() % 100000}"
+        self.bridge = f"lb{self.tag}"
+        self.names = [f"labs{self.tag}h{i}" for i in range(n)]
+        self.subnet = None
+        self.addresses: list[str] = []
+        self.sshd: list[subprocess.Popen] = []
+        self.daemon_pids: set[int] = set()  # the hosts' own daemons: sshd, slurmd
+        self.ssh_config = self.folder / "ssh_config"
 
     def _start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -195,7 +258,7 @@ class NamespacedHosts:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
 
 
-class SlurmOnHosts:
+class SlurmOnHosts(_Started):
     """A real Slurm over NamespacedHosts: munged and slurmctld on this machine (the bridge's
     address), one slurmd per host in its namespace and UTS namespace (node names n0, n1, ...
     at the hosts' addresses), and an allocation of every node (`job`). SLURM_CONF points
@@ -212,18 +275,6 @@ class SlurmOnHosts:
         self.nodes = [f"n{i}" for i in range(hosts.n)]
         self.job: str | None = None
         self.env = {"SLURM_CONF": str(self.conf)}
-
-    def __enter__(self):
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def _daemon(self, name: str, cmd: list[str]) -> subprocess.Popen:
         with open(self.folder / f"{name}.out", "ab") as log:

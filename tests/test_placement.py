@@ -15,14 +15,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
 import psutil
 import pytest
 
-from helpers import config
 from helpers.cluster import ClusterError, LocalCluster, placement
 from helpers.cluster.placement import SSH
 from tests import hosts as hosts_
@@ -107,35 +105,15 @@ def test_async_across_hosts(cluster, tmp_path):
     check_views(run, tmp_path)
 
 
-def _updates(run_dir) -> int:
-    try:
-        return (run_dir / "ps-0.jsonl").read_text().count('"kind": "update"')
-    except OSError:
-        return 0
-
-
 def test_a_killed_host_is_named_within_10_s(cluster, hosts):
     """Every process on worker 1's host (PS task 0's too) SIGKILLed in the middle of a run.
     The last test of the shared cluster: the failed run ends it."""
     host = cluster.nodes.hosts["worker:1"]
-    mine = [p for n, p in cluster.nodes.node_pids.items() if cluster.nodes.hosts[n] == host]
-    run_id, killed = f"killhost-{os.getpid()}", []
-
-    def kill_host():
-        deadline = time.monotonic() + 120
-        while _updates(config.runs_dir(run_id, create=False)) < 10:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.2)
-        for pid in mine:
-            os.kill(pid, signal.SIGKILL)
-        killed.append(time.monotonic())
-
-    threading.Thread(target=kill_host, daemon=True).start()
-    with pytest.raises(ClusterError) as err:
-        cluster.train(mode="sync", steps=10**6, run_id=run_id, **SMALL)
-    assert killed and time.monotonic() - killed[0] < 10
-    assert f"on host {host}" in str(err.value)
+    err, killed = hosts_.kill_mid_run(
+        cluster, host, f"killhost-{os.getpid()}", mode="sync", steps=10**6, **SMALL
+    )
+    assert isinstance(err, ClusterError) and time.monotonic() - killed < 10
+    assert f"on host {host}" in str(err)
     assert hosts.wait_empty(10) == {}, "nothing runs on any host after the failed run"
 
 
@@ -158,22 +136,11 @@ def test_nothing_is_left_on_any_host(hosts, shared_data, tmp_path, how):
     and ends; a worker stopped by the hang fault runs no thread, and its guard, which watches
     the same stdin, ends it. A host cut off the network mid-run: the driver names it within
     10 s, and its nodes, which no longer hear the driver's pings, end themselves."""
-    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path))
     hung = "hung" if how.startswith("hung") else "-"
     args = [json.dumps(hosts.addresses), str(hosts.ssh_config), hung]
-    parent = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    parent = hosts_.driver_mid_run(LAUNCHER, args, tmp_path, "driver-killed")
     try:
         deadline = time.monotonic() + 120
-        while _updates(tmp_path / "driver-killed") < 20:
-            assert time.monotonic() < deadline and parent.poll() is None, parent.stderr.read()
-            time.sleep(0.2)
         while hung == "hung" and not any(_stopped(p) for p in hosts.pids_in(1)):
             assert time.monotonic() < deadline, f"worker 0 never hung: {hosts.wait_empty(0)}"
             time.sleep(0.2)

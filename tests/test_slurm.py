@@ -11,21 +11,18 @@ killed is named within 10 s, and nothing is left on any node.
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
-from helpers import config
 from helpers.cluster import ClusterError, LocalCluster, placement, tfconfig
 from helpers.cluster.placement import Slurm
 from tests import hosts as hosts_
 from tests.process_cleanup import end_parent_and_pids
 from tests.test_cluster_integration import check_views, steps_of, updates
-from tests.test_placement import SMALL, _updates
+from tests.test_placement import SMALL
+from tests.test_tfconfig import MWMS_JOB
 
 pytestmark = pytest.mark.slow
 
@@ -82,24 +79,11 @@ def test_the_engine_trains_across_slurm_nodes(cluster, tmp_path, mode):
 
 def test_a_node_whose_processes_die_is_named_within_10_s(slurm, cluster):
     """Every task on node n2 (worker 0) SIGKILLed mid-run; the last test of the cluster."""
-    mine = [p for n, p in cluster.nodes.node_pids.items() if cluster.nodes.hosts[n] == "n2"]
-    run_id, killed = f"slurmkill-{os.getpid()}", []
-
-    def kill_node():
-        deadline = time.monotonic() + 120
-        while _updates(config.runs_dir(run_id, create=False)) < 10:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.2)
-        for pid in mine:
-            os.kill(pid, signal.SIGKILL)
-        killed.append(time.monotonic())
-
-    threading.Thread(target=kill_node, daemon=True).start()
-    with pytest.raises(ClusterError) as err:
-        cluster.train(mode="sync", steps=10**6, run_id=run_id, **SMALL)
-    assert killed and time.monotonic() - killed[0] < 10
-    assert "worker:0 on host n2" in str(err.value), str(err.value)
+    err, killed = hosts_.kill_mid_run(
+        cluster, "n2", f"slurmkill-{os.getpid()}", mode="sync", steps=10**6, **SMALL
+    )
+    assert isinstance(err, ClusterError) and time.monotonic() - killed < 10
+    assert "worker:0 on host n2" in str(err), str(err)
     # a lost sync worker fails the run, not the cluster: the others serve on until stop()
     cluster.stop()
     assert slurm.hosts.wait_empty(15) == {}
@@ -108,15 +92,7 @@ def test_a_node_whose_processes_die_is_named_within_10_s(slurm, cluster):
 def test_notebook_08s_multi_worker_mirrored_strategy_on_two_nodes(slurm, shared_data):
     """TF's own MultiWorkerMirroredStrategy, each worker a task of one srun step on a node of
     its own: the all-reduce crosses nodes, and both replicas end with the same weights."""
-    job = {
-        "kind": "mwms",
-        "model": "logreg",
-        "optimizer": "sgd",
-        "lr": 0.5,
-        "train_size": 2048,
-        "test_size": 1000,
-        "runs": [{"batch_size": 128, "epochs": 2}],
-    }
+    job = MWMS_JOB
     placement = Slurm(slurm.job, srun_args=["--overlap", "--overcommit"], port_base=2400)
     launch = tfconfig.run({"worker": 2}, job, timeout=240, placement=placement)
     runs = [launch.results[f"worker:{i}"]["runs"][0] for i in range(2)]
@@ -147,20 +123,8 @@ DRIVER = textwrap.dedent("""
 def test_nothing_is_left_on_any_node_after_the_driver_is_sigkilled(slurm, shared_data, tmp_path):
     """srun goes with the driver; each task reads the end of its stdin and ends, and Slurm
     ends the step."""
-    env = dict(os.environ, LABS_RUNS_DIR=str(tmp_path))
-    parent = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, slurm.job],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    parent = hosts_.driver_mid_run(DRIVER, [slurm.job], tmp_path, "slurm-driver-killed")
     try:
-        deadline = time.monotonic() + 120
-        while _updates(tmp_path / "slurm-driver-killed") < 20:
-            assert time.monotonic() < deadline and parent.poll() is None, parent.stderr.read()
-            time.sleep(0.2)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         left = slurm.hosts.wait_empty(15)

@@ -89,17 +89,20 @@ def test_timeout_ends_every_process():
     assert not _alive(pids)
 
 
+MWMS_JOB = {  # two replicas of softmax regression, 32 SGD steps (tests/test_slurm.py too)
+    "kind": "mwms",
+    "model": "logreg",
+    "optimizer": "sgd",
+    "lr": 0.5,
+    "train_size": 2048,
+    "test_size": 1000,
+    "runs": [{"batch_size": 128, "epochs": 2}],
+}
+
+
 def test_two_mwms_workers_stay_identical_and_learn(shared_data, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
-    job = {
-        "kind": "mwms",
-        "model": "logreg",
-        "optimizer": "sgd",
-        "lr": 0.5,
-        "train_size": 2048,
-        "test_size": 1000,
-        "runs": [{"batch_size": 128, "epochs": 2}],
-    }
+    job = MWMS_JOB
     launch = tfconfig.run({"worker": 2}, job, timeout=240)
     results, resources = launch.results, launch.resources
     runs = [results[f"worker:{i}"]["runs"][0] for i in range(2)]

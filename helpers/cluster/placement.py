@@ -434,12 +434,17 @@ class Nodes:
         self.clocks[name].add(msg["t"], msg["node_t"], time.time())
 
     def silent(self, procs: dict) -> tuple[str, float] | None:
-        """The running node silent longest past silent_s, and for how long (s), or None."""
+        """The running node silent longest past silent_s, and for how long (s), or None. Only
+        nodes that have reported ready count: loading TensorFlow's library holds a starting
+        node's interpreter for seconds on a busy machine (start_timeout covers start-up)."""
         now = time.monotonic()
         silent = {
             n: now - t
             for n, t in self.heard.items()
-            if now - t > self.silent_s and n in procs and procs[n].died() is None
+            if now - t > self.silent_s
+            and n in self.node_pids
+            and n in procs
+            and procs[n].died() is None
         }
         return max(silent.items(), key=lambda kv: kv[1]) if silent else None
 

@@ -24,6 +24,7 @@ import ipaddress
 import json
 import os
 import queue
+import select
 import shlex
 import signal
 import socket
@@ -181,7 +182,9 @@ def lifeline_on_stdin(handle_now, silence_s: float = 10.0, fd: int = 0) -> queue
         end_self(signal.SIGKILL)
 
     def watch():
-        while time.monotonic() - last[0] <= silence_s:
+        # lines waiting in the pipe are not silence: the reader was held up (a library
+        # loading holds the interpreter) and has yet to read them
+        while time.monotonic() - last[0] <= silence_s or select.select([fd], [], [], 0)[0]:
             time.sleep(0.5)
         print(f"no word from the launcher for {silence_s:.0f} s: ending", file=sys.stderr)
         end_self(signal.SIGKILL)
