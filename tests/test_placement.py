@@ -72,6 +72,8 @@ def test_the_processes_are_spread_over_the_hosts(cluster, hosts):
     assert spec["worker"] == [f"{hosts.addresses[2]}:2222", f"{hosts.addresses[0]}:2223"]
     with pytest.raises(ValueError, match=r"kill\(\) signals processes of this machine"):
         cluster.kill("worker:0")
+    with pytest.raises(ValueError, match=r"faults \['ps:1'\] stop or kill PS tasks other than 0"):
+        cluster.train(mode="async", steps=10, faults={"ps:1": {"kind": "hang", "at": 3}}, **SMALL)
     for i in range(3):  # each node runs in its host's namespace
         assert set(hosts.pids_in(i)) & set(cluster.nodes.node_pids.values())
 

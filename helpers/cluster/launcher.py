@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import config
-from helpers.cluster import placement as placement_
 from helpers.cluster import protocol
 from helpers.cluster.dashboard import Dashboard
 from helpers.cluster.events import Kind
+from helpers.cluster.nodes import Nodes
+from helpers.cluster.placement import HostError
 from helpers.cluster.run import Run
 from helpers.cluster.rundir import EventTail, RunDir, write_cluster
 from helpers.system import netns, resources
@@ -113,7 +114,7 @@ class LocalCluster:
         for label, value in (("start_timeout", start_timeout), ("stall_timeout", stall_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
-        self.nodes = placement_.Nodes(placement, isolate, silent_s)  # validates `placement`
+        self.nodes = Nodes(placement, isolate, silent_s)  # validates `placement`
         self.workers, self.isolate, self.evaluator = workers, isolate, bool(evaluator)
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
         self.name = name or unique_name("cluster")
@@ -164,7 +165,7 @@ class LocalCluster:
             jobs += [("evaluator", 0)] if self.evaluator else []
             try:
                 spec = self.nodes.spec(jobs, self.dir, self._ps_ports)
-            except placement_.HostError as exc:
+            except HostError as exc:
                 raise ClusterError(str(exc)) from None
             write_cluster(self.dir / "cluster.json", spec)
             env = dict(
@@ -324,6 +325,7 @@ class LocalCluster:
                 f"faults {bad} name PS tasks this cluster does not have: it has "
                 f"ps={self.n_ps} (tasks 0 to {self.n_ps - 1})"
             )
+        self.nodes.check_faults(cfg.faults)
         run_dir = config.runs_dir(cfg.run_id)
         cfg_path = RunDir(run_dir).write_config(cfg)
         missing = [w for w in cfg.worker_ids if w in self.dead_workers or w >= self.workers]

@@ -1,19 +1,21 @@
-"""Where a cluster's processes run: on this machine (the default), or on hosts reached by SSH.
+"""Where a cluster's processes run: on this machine (the default), on the nodes of a Slurm
+allocation, or on hosts reached by SSH.
 
+    LocalCluster(workers=4, ps=2, placement=Slurm())                 # inside salloc / sbatch
     LocalCluster(workers=4, ps=2, placement=SSH(["node1", "node2", "node3"]))
 
 A placement gives each process ("ps:0", "worker:1", ...) a host, round robin with the PS tasks
 first (so that they land on different hosts), and a port on it; checks every host before
-anything starts; and wraps the command that starts a node so that it runs there. The launcher
-(launcher.py) watches the nodes through the same control channel as on one machine.
+anything starts; and starts the processes there: one ssh client each, or the tasks of one srun
+step. The launcher watches them through the same control channel as on one machine (nodes.py).
 
-What an SSH placement needs of the hosts, and checks first (one line per host that fails):
-reachable by `ssh <host>` without a password; this repository at the same path with the same
-code (`repo`, the same version of helpers/); the data (LABS_DATA_MIRROR or the data cache);
-the ports free; and the runs folder shared (NFS home, a cluster's scratch), since every node
-writes its event log into the run's folder. A host with a public address is refused unless
-`allow_public=True`: TensorFlow's servers listen on every interface of their host and ask
-nobody for a password.
+What a placement needs of the hosts, and checks first (one line per host that fails):
+reachable (by `ssh <host>` without a password, or as a node of the allocation); this
+repository at the same path with the same code (`repo`, the same version of helpers/); the data
+(LABS_DATA_MIRROR or the data cache); the ports free; and the runs folder shared (NFS home, a
+cluster's scratch), since every node writes its event log into the run's folder. A host with a
+public address is refused unless `allow_public=True`: TensorFlow's servers listen on every
+interface of their host and ask nobody for a password.
 """
 
 from __future__ import annotations
@@ -23,15 +25,12 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from helpers import config, files
-from helpers.system import clock, remote, slurm
-from helpers.system.control import Cmd, command
+from helpers.system import remote, slurm
 from helpers.system.processes import ChildProcess
 
 EXPOSURE = (
@@ -54,7 +53,7 @@ class Local:
         return "Local()"
 
 
-class _Hosts:
+class Hosts:
     """What SSH and Slurm placements share: the options, the assignment of processes to hosts,
     and the check of every host before anything starts."""
 
@@ -148,7 +147,7 @@ class _Hosts:
         return "; ".join(why)
 
 
-class SSH(_Hosts):
+class SSH(Hosts):
     """Processes on other hosts, started through the system's `ssh`.
 
     Args:
@@ -231,7 +230,7 @@ class SSH(_Hosts):
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-class Slurm(_Hosts):
+class Slurm(Hosts):
     """Processes on the nodes of a Slurm allocation, the tasks of one `srun` step.
 
     Run inside the allocation (`salloc`, `sbatch`, or a Jupyter kernel on an allocated node):
@@ -342,133 +341,3 @@ def detect():
         return Slurm()
     hosts = [h.strip() for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip()]
     return SSH(hosts) if hosts else None
-
-
-class Nodes:
-    """A cluster's processes on their hosts, as the launcher knows them: where each runs, its
-    PID there, and for those on other hosts their answers to its pings (lifeline, liveness,
-    clock offset).
-
-    Args:
-        placement: None (this machine) or a placement (SSH(...)).
-        isolate: the cluster's `isolate`; True cannot be had on other hosts.
-        silent_s: a node on another host that has answered before and is silent this long
-            is lost (its host is down, or cut off).
-    """
-
-    def __init__(self, placement, isolate, silent_s: float = 5.0):
-        self.placement = Local() if placement is None else placement
-        if not isinstance(self.placement, (Local, _Hosts)):
-            raise ValueError(
-                "placement must be None (this machine) or a placement such as "
-                f"placement.SSH([...]), got {placement!r}"
-            )
-        if self.placement.remote and isolate is True:
-            raise ValueError(
-                "isolate=True keeps a cluster inside this machine; a cluster placed on other "
-                "hosts cannot be: use isolate='auto' or False"
-            )
-        self.silent_s = silent_s
-        self.hosts: dict[str, str] = {}  # process -> its host ("localhost" on this machine)
-        self.node_pids: dict[str, int] = {}  # process -> its PID on its own host
-        self.clocks: dict[str, clock.OffsetEstimate] = {}  # remote process -> its clock
-        self.heard: dict[str, float] = {}  # remote process -> when it last answered
-        self._stop = threading.Event()
-
-    def spec(self, jobs, folder: Path, local_ps_ports) -> dict[str, list[str]]:
-        """The engine's cluster file: the PS tasks' addresses on this machine
-        (`local_ps_ports()`); every process's when placed on other hosts (place())."""
-        order = {"ps": 0, "worker": 1, "evaluator": 2}  # PS tasks first: on different hosts
-        names = [f"{job}:{task}" for job, task in sorted(jobs, key=lambda j: (order[j[0]], j[1]))]
-        if not self.placement.remote:
-            self.hosts = {name: "localhost" for name in names}
-            return {"ps": [f"localhost:{port}" for port in local_ps_ports()]}
-        spec: dict[str, list[str]] = {}
-        for name, address in self.place(names, folder).items():  # task 0, 1, ... of each job
-            spec.setdefault(name.split(":")[0], []).append(address)
-        return spec
-
-    def place(self, names: list[str], folder: Path) -> dict[str, str]:
-        """Give each process ("ps:0", ...) a host, round robin in the order given, check every
-        host (HostError), and return each process's address ("10.0.0.2:2222"), which the
-        others must reach."""
-        placed = self.placement.assign(names)
-        self.placement.check(placed, folder)
-        self.hosts = {name: host for name, (host, _) in placed.items()}
-        return {n: f"{self.placement.address[host]}:{port}" for n, (host, port) in placed.items()}
-
-    def start(self, argv: dict, env: dict, folder: Path, inbox, envs=None) -> dict:
-        """Start every process where it is placed (`argv`: name -> this Python and a module's
-        arguments, in starting order; `envs`: name -> the variables a process adds to `env`),
-        with its lifeline: the parent's PID on this machine (--parent-pid), stdin on another
-        host (--remote). Returns ChildProcess(-like) objects by name; logs <name>.log."""
-        logs = {n: Path(folder) / f"{n.replace(':', '-')}.log" for n in argv}
-        envs = {n: dict(env, **(envs or {}).get(n, {})) for n in argv}
-        if not self.placement.remote:
-            pid = ["--parent-pid", str(os.getpid())]
-            return {n: ChildProcess(n, c + pid, envs[n], logs[n], inbox) for n, c in argv.items()}
-        self.clocks = {n: clock.OffsetEstimate() for n in argv}
-        remote_argv = {n: cmd + ["--remote"] for n, cmd in argv.items()}
-        return self.placement.start(list(argv), remote_argv, envs, logs, inbox, self.hosts)
-
-    def start_pinging(self, procs: dict) -> None:
-        """Ping every node on another host each second, in a thread, until stop()."""
-        if self.placement.remote:
-            threading.Thread(target=self._ping, args=(procs,), daemon=True).start()
-
-    def _ping(self, procs: dict) -> None:
-        while not self._stop.wait(1.0):
-            for proc in list(procs.values()):
-                try:
-                    proc.send(command(Cmd.PING, t=time.time()))
-                except (BrokenPipeError, OSError, ValueError):
-                    pass
-
-    def stop(self) -> None:
-        """Stop pinging."""
-        self._stop.set()
-
-    def pong(self, name: str, msg: dict) -> None:
-        """A node answered a ping: it is there, and its clock read msg["node_t"]."""
-        self.heard[name] = time.monotonic()
-        self.clocks[name].add(msg["t"], msg["node_t"], time.time())
-
-    def silent(self, procs: dict) -> tuple[str, float] | None:
-        """The running node silent longest past silent_s, and for how long (s), or None. Only
-        nodes that have reported ready count: loading TensorFlow's library holds a starting
-        node's interpreter for seconds on a busy machine (start_timeout covers start-up)."""
-        now = time.monotonic()
-        silent = {
-            n: now - t
-            for n, t in self.heard.items()
-            if now - t > self.silent_s
-            and n in self.node_pids
-            and n in procs
-            and procs[n].died() is None
-        }
-        return max(silent.items(), key=lambda kv: kv[1]) if silent else None
-
-    def tell_ps_lost(self, procs: dict, worker: int) -> None:
-        """On other hosts the PS cannot see a worker's PID: tell it the worker is gone."""
-        ps0 = procs.get("ps:0")
-        if self.placement.remote and ps0 is not None and ps0.died() is None:
-            try:
-                ps0.send(command(Cmd.DEAD, worker=worker))
-            except (BrokenPipeError, OSError, ValueError):
-                pass
-
-    def clock_offsets(self) -> dict[str, float]:
-        """Each node's clock offset (s, ahead of this machine's; 0 when within its error) by
-        its log's name ("worker-1"); {} on this machine."""
-        return {
-            name.replace(":", "-"): est.significant
-            for name, est in self.clocks.items()
-            if est.offset is not None
-        }
-
-    def where(self, name: str, local_pid: int | None) -> str:
-        """A process as errors name it: "worker:1 (pid 123)", or with its host when remote."""
-        if not self.placement.remote:
-            return f"{name} (pid {local_pid or '?'})"
-        pid = self.node_pids.get(name, "?")
-        return f"{name} on host {self.hosts.get(name, '?')} (pid {pid} there)"

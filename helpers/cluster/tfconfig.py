@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import config, files
-from helpers.cluster import placement as placement_
+from helpers.cluster.nodes import Nodes
+from helpers.cluster.placement import HostError
 from helpers.system import netns, resources
 from helpers.system.processes import (
     ChildProcess,
@@ -91,7 +92,7 @@ class TFConfigCluster:
         isolate="auto",
         placement=None,
     ):
-        self.nodes = placement_.Nodes(placement, isolate)  # validates `placement`
+        self.nodes = Nodes(placement, isolate)  # validates `placement`
         self.cluster = cluster_spec(roles)
         if module == "helpers.cluster.strategies":
             from helpers.cluster.strategies import validate
@@ -169,7 +170,7 @@ class TFConfigCluster:
         """Every task's address on its host, the hosts checked first."""
         try:
             placed = self.nodes.place(names, self.dir)
-        except placement_.HostError as exc:
+        except HostError as exc:
             raise TFConfigError(str(exc)) from None
         self.cluster = {
             role: [placed[f"{role}:{i}"] for i in range(len(tasks))]
