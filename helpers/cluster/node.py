@@ -18,12 +18,11 @@ import json
 import os
 import signal
 import sys
-import threading
 import traceback
 from pathlib import Path
 
 from helpers.system import clock
-from helpers.system.control import Cmd, Event, event_line
+from helpers.system.control import Cmd, Event, event_writer
 from helpers.system.processes import die_with_parent, lean_keras_import
 from helpers.system.remote import remote_lifeline
 
@@ -155,14 +154,8 @@ def _channel(args, me: str, node_ref: list):
     """The launcher's channel under --control: `say` (thread-safe) and, on another host, the
     queue of its commands (remote_lifeline: pings answered, DEAD passed to node_ref[0]). Fd 1
     goes to the log (stderr) from here on."""
-    proto = os.fdopen(os.dup(1), "w")
+    say = event_writer(os.fdopen(os.dup(1), "w"))
     os.dup2(2, 1)
-    lock = threading.Lock()  # the main thread and the lifeline's reader both answer
-
-    def say(event, **fields):
-        with lock:
-            proto.write(event_line(event, **fields))
-            proto.flush()
 
     if not args.remote:
         die_with_parent(args.parent_pid)

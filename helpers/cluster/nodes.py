@@ -57,19 +57,19 @@ class Nodes:
         if not self.placement.remote:
             self.hosts = {name: "localhost" for name in names}
             return {"ps": [f"localhost:{port}" for port in local_ps_ports()]}
-        spec: dict[str, list[str]] = {}
-        for name, address in self.place(names, folder).items():  # task 0, 1, ... of each job
-            spec.setdefault(name.split(":")[0], []).append(address)
-        return spec
+        return self.place(names, folder)
 
-    def place(self, names: list[str], folder: Path) -> dict[str, str]:
-        """Give each process ("ps:0", ...) a host, round robin in the order given, check every
-        host (HostError), and return each process's address ("10.0.0.2:2222"), which the
-        others must reach."""
+    def place(self, names: list[str], folder: Path) -> dict[str, list[str]]:
+        """Give each process ("ps:0", ...) a host, round robin in the order given (each job's
+        tasks in order), check every host (HostError), and return each job's addresses
+        ({"ps": ["10.0.0.2:2222", ...], ...}), which the others must reach."""
         placed = self.placement.assign(names)
         self.placement.check(placed, folder)
         self.hosts = {name: host for name, (host, _) in placed.items()}
-        return {n: f"{self.placement.address[host]}:{port}" for n, (host, port) in placed.items()}
+        jobs: dict[str, list[str]] = {}
+        for name, (host, port) in placed.items():
+            jobs.setdefault(name.split(":")[0], []).append(f"{self.placement.address[host]}:{port}")
+        return jobs
 
     def start(self, argv: dict, env: dict, folder: Path, inbox, envs=None) -> dict:
         """Start every process where it is placed (`argv`: name -> this Python and a module's
@@ -92,9 +92,12 @@ class Nodes:
 
     def _ping(self, procs: dict) -> None:
         while not self._stop.wait(1.0):
-            for proc in list(procs.values()):
+            # one ping per channel: an ssh client per process, or an srun step for all its
+            # tasks (its stdin reaches every task; each answers)
+            channels = {id(c): c for c in (getattr(p, "step", p) for p in list(procs.values()))}
+            for channel in channels.values():
                 try:
-                    proc.send(command(Cmd.PING, t=time.time()))
+                    channel.send(command(Cmd.PING, t=time.time()))
                 except (BrokenPipeError, OSError, ValueError):
                     pass
 

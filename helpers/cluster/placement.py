@@ -267,7 +267,7 @@ class Slurm(Hosts):
             )
         self.srun_args = list(srun_args)
         self.hosts = slurm.job_nodes(self.job)
-        self.address = {node: slurm.node_address(node) for node in self.hosts}
+        self.address = slurm.node_addresses(self.hosts)
 
     def __repr__(self) -> str:
         return f"Slurm(job={self.job!r}, nodes={self.hosts!r})"

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from helpers import files
 from helpers.data.arrays import load_arrays
-from helpers.system.control import Event, event_line
+from helpers.system.control import Event, event_line, event_writer
 from helpers.system.netns import loopback_tx_bytes
 from helpers.system.processes import die_with_parent, lean_keras_import
 from helpers.system.remote import remote_lifeline
@@ -378,12 +377,7 @@ def main(argv: list[str]) -> None:
     the launcher dies (TF catches SIGTERM); --remote, on another host: stdin is its lifeline
     and it answers the launcher's pings (helpers.system.remote.remote_lifeline)."""
     lean_keras_import()
-    lock = threading.Lock()  # the main thread and the lifeline's reader both print
-
-    def say(event, **fields) -> None:
-        with lock:
-            print(event_line(event, **fields), end="", flush=True)
-
+    say = event_writer(sys.stdout)  # the main thread and the lifeline's reader both say
     if "--parent-pid" in argv:
         die_with_parent(int(argv[argv.index("--parent-pid") + 1]), signal.SIGKILL)
     elif "--remote" in argv:

@@ -169,13 +169,9 @@ class TFConfigCluster:
     def _place(self, names: list[str]) -> None:
         """Every task's address on its host, the hosts checked first."""
         try:
-            placed = self.nodes.place(names, self.dir)
+            self.cluster = self.nodes.place(names, self.dir)
         except HostError as exc:
             raise TFConfigError(str(exc)) from None
-        self.cluster = {
-            role: [placed[f"{role}:{i}"] for i in range(len(tasks))]
-            for role, tasks in self.cluster.items()
-        }
 
     def wait(self) -> dict:
         """Wait until every non-server task reports its result; return them by task name.

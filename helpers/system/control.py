@@ -55,6 +55,21 @@ def command(cmd: Cmd, **fields) -> dict:
     return {"cmd": str(Cmd(cmd)), **fields}
 
 
+def event_writer(stream):
+    """A `say(event, **fields)` that writes event lines to `stream` and flushes, one whole line
+    at a time: a child's main thread and its lifeline's reader (a ping's answer) both say."""
+    import threading
+
+    lock = threading.Lock()
+
+    def say(event: Event, **fields) -> None:
+        with lock:
+            stream.write(event_line(event, **fields))
+            stream.flush()
+
+    return say
+
+
 def event_line(event: Event, **fields) -> str:
     """A child's message as the JSON line it writes (ValueError for an event not in Event)."""
     return json.dumps({"event": str(Event(event)), **fields}) + "\n"

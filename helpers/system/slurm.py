@@ -65,10 +65,11 @@ def job_nodes(job_id: str) -> list[str]:
     return _run(["scontrol", "show", "hostnames", nodelist]).split()
 
 
-def node_address(node: str) -> str:
-    """The address Slurm reaches `node` at (its NodeAddr)."""
-    found = re.search(r"NodeAddr=(\S+)", _run(["scontrol", "show", "node", node]))
-    return found.group(1) if found else node
+def node_addresses(nodes: list[str]) -> dict[str, str]:
+    """The address Slurm reaches each node at (its NodeAddr), from one `scontrol` call."""
+    out = _run(["scontrol", "--oneliner", "show", "node", ",".join(nodes)])
+    found = dict(re.findall(r"NodeName=(\S+).*?NodeAddr=(\S+)", out))
+    return {node: found.get(node, node) for node in nodes}
 
 
 class SrunStep:
