@@ -62,6 +62,42 @@ def test_ssp_simulation_never_exceeds_staleness():
         assert max(clocks) - min(clocks) <= s + 1
 
 
+def _grants_over_all_clocks(clocks, granted, s):
+    """ssp_grants over every live clock, as the PS granted before the gate was incremental."""
+    out = []
+    for w in clocks:
+        for _ in range(protocol.ssp_grants(granted[w], list(clocks.values()), s)):
+            out.append((w, granted[w], min(clocks.values())))
+            granted[w] += 1
+    return sorted(out)
+
+
+def test_the_incremental_ssp_gate_grants_what_the_rule_over_all_clocks_grants():
+    """SSPGate against ssp_grants over every live clock (the PS's rule before it was made
+    incremental), over random pushes and workers leaving, for several bounds."""
+    import random
+
+    for seed in range(30):
+        rnd = random.Random(seed)
+        n, s = rnd.randint(1, 7), rnd.randint(0, 3)
+        gate = protocol.SSPGate(range(n), s)
+        clocks, granted = {w: 0 for w in range(n)}, {w: 0 for w in range(n)}
+
+        assert sorted(gate.start()) == _grants_over_all_clocks(clocks, granted, s)
+        for _ in range(300):
+            if not clocks:
+                break
+            w = rnd.choice(sorted(clocks))
+            if rnd.random() < 0.03:  # a worker dies or finishes
+                del clocks[w]
+                assert sorted(gate.remove(w)) == _grants_over_all_clocks(clocks, granted, s)
+            elif clocks[w] < granted[w]:  # it holds a token: it steps and pushes
+                assert clocks[w] - min(clocks.values()) <= s
+                clocks[w] += 1
+                assert sorted(gate.pushed(w)) == _grants_over_all_clocks(clocks, granted, s)
+            assert gate.slowest == (min(clocks.values()) if clocks else gate.slowest)
+
+
 # ------------------------------------------------------------------------- backup workers
 def test_fold_weights_shrink_exponentially_and_respect_the_bound():
     for ages in ([1], [1, 2], [1, 1, 1], [3, 5, 2, 1, 1, 4]):

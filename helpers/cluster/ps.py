@@ -38,9 +38,8 @@ class PSLoop:
         self.ps_pids = {int(k): v for k, v in (ps_pids or {}).items()}  # other PS tasks' PIDs
         self.watch = WorkerWatch(cfg, res, log, worker_pids)  # who is alive, heard, done
         node.on_dead = self.watch.lost  # the launcher's word on a worker on another host
-        self.clock = {w: 0 for w in cfg.worker_ids}  # pushes applied per worker (SSP)
-        self.granted = {w: 0 for w in cfg.worker_ids}
-        self.waiting: list[tuple[int, int]] = []  # (worker, version) pushes owed a token
+        self.ssp = protocol.SSPGate(cfg.worker_ids, cfg.staleness)  # SSP's step tokens
+        self.owed = protocol.OwedTokens()  # sync, backup: workers that pushed, owed a token
         self.comp = compression.from_spec(cfg.compress)  # decodes pushes, eagerly (cheap)
         self.shapes = [tuple(v.shape) for v in model.trainable_variables]
         self.version = 0
@@ -146,22 +145,24 @@ class PSLoop:
     def _owe_tokens(self):
         if self.version >= self.cfg.steps:  # the run is over: a token now would start a step
             return  # whose push may land before the queues close
-        still, alive = [], set(self.watch.alive())
-        for w, v in self.waiting:
-            if v < self.version and w in alive:
+        due = self.owed.due(self.version)
+        alive = set(self.watch.alive()) if due else ()
+        for w in due:
+            if w in alive:
                 self._grant(w, Token(clock=self.version, slowest=0))
-            elif w in alive:
-                still.append((w, v))
-        self.waiting = still
 
-    def _ssp_grants(self):
-        alive = self.watch.running()  # a snapshot: the watcher may remove a dead worker
-        live = [self.clock[w] for w in alive]
-        for w in alive:
-            more = protocol.ssp_grants(self.granted[w], live, self.cfg.staleness)
-            for _ in range(more):
-                self._grant(w, Token(clock=self.granted[w], slowest=min(live) if live else 0))
-                self.granted[w] += 1
+    def _ssp_grants(self, grants=()):
+        """Hand out SSP's tokens: `grants` (from the gate), and those that workers the
+        watcher has seen dead or done free by leaving the gate."""
+        grants = list(grants)
+        running = self.watch.running()  # a snapshot: the watcher may remove a dead worker
+        if len(running) != len(self.ssp.clock):
+            for w in set(self.ssp.clock) - set(running):
+                grants += self.ssp.remove(w)
+        live = set(running)
+        for w, clock, slowest in grants:
+            if w in live:
+                self._grant(w, Token(clock=clock, slowest=slowest))
 
     # ----------------------------------------------------------- main loop
     def run(self) -> dict:
@@ -196,7 +197,7 @@ class PSLoop:
                     )
             self.log.write(Kind.JOINED, workers=self.watch.alive())
             if mode == "ssp":
-                self._ssp_grants()
+                self._ssp_grants(self.ssp.start())
             else:
                 for w in self.watch.alive():
                     self._grant(w, Token(clock=self.version, slowest=0))
@@ -318,12 +319,11 @@ class PSLoop:
                 lr = self._apply([grads], [1.0])
                 self._log_update(lr, [push], [stale], [1.0])
                 if mode == "ssp":
-                    self.clock[worker] += 1
-                    self._ssp_grants()
+                    self._ssp_grants(self.ssp.pushed(worker) if worker in self.ssp.clock else ())
             else:
                 pushes[(worker, step)] = grads
                 self._aggregate(agg, push, pushes)
-                self.waiting.append((worker, version_read))
+                self.owed.owe(worker, version_read)
                 self._owe_tokens()
             # after an update only: a push that updated nothing leaves the last checkpoint's
             # version, which must not be written (and evaluated) again
@@ -379,7 +379,7 @@ class PSLoop:
                 f"only {len(live)} left ({live}); lower k or restart the run"
             )
         if cfg.mode == "ssp":
-            self._ssp_grants()
+            self._ssp_grants(self.ssp.remove(worker))
 
     def _finish(self):
         """Stop the workers: set the flag, close the queues so blocked ops return."""
