@@ -1,0 +1,1 @@
+"""The cluster simulator: the engine's protocols in simulated time (simulator.py)."""

@@ -1,0 +1,186 @@
+"""The simulator against what each protocol must give: closed forms where the costs are fixed,
+the counts every update and drop must add up to, stragglers, faults, shared cores, seeds, and the
+rule that it and the engine share the protocol's rules instead of writing their own."""
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+from helpers.cluster import protocol
+from helpers.sim.simulator import Costs, simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXED = Costs(compute_s=0.004, pull_s=0.001, push_s=0.002, apply_s=0.0005, decide_s=0.0001)
+
+
+def cfg(**kw):
+    kw.setdefault("steps", 200)
+    kw.setdefault("train_size", None)
+    return protocol.validate(protocol.RunConfig(**kw))
+
+
+def test_sync_rounds_take_the_sum_of_their_parts():
+    """Fixed costs: a round is pull + compute + push, the PS deciding on N pushes, one apply."""
+    for n in (1, 3, 8):
+        r = simulate(cfg(workers=n, mode="sync"), FIXED)
+        round_s = 0.001 + 0.004 + 0.002 + n * 0.0001 + 0.0005
+        assert r.updates == 200 and r.error is None
+        assert r.updates_per_s == pytest.approx(1 / round_s, rel=1e-6)
+        assert set(r.steps.values()) == {200} and not r.staleness.any() and r.drops == 0
+
+
+def test_async_is_bound_by_the_workers_or_by_one_ps():
+    step_s = 0.001 + 0.004 + 0.002 + 0.0005
+    for n in (1, 2, 4):  # the PS is idle most of the time: N steps per step time
+        r = simulate(cfg(workers=n, mode="async", steps=2000), FIXED)
+        assert r.updates_per_s == pytest.approx(n / step_s, rel=0.02)
+    # the PS applies one update at a time: past 1 / apply_s it is the bottleneck (the knee),
+    # and P tasks share each apply
+    slow_ps = Costs(compute_s=0.004, apply_s=0.002)
+    for ps in (1, 2):
+        r = simulate(cfg(workers=16, mode="async", steps=2000), slow_ps, ps=ps)
+        assert r.updates_per_s == pytest.approx(ps / 0.002, rel=0.02)
+
+
+def test_async_staleness_is_the_updates_between_read_and_apply():
+    """N identical workers in lockstep read the same version; the i-th push of a round is
+    applied after i others: staleness 0 to N - 1, mean (N - 1) / 2."""
+    r = simulate(cfg(workers=5, mode="async", steps=1000), Costs(compute_s=0.004))
+    assert sorted(set(r.staleness.tolist())) == [0, 1, 2, 3, 4]
+    assert r.mean_staleness == pytest.approx(2.0)
+
+
+def test_backup_applies_k_fresh_and_drops_or_folds_the_rest():
+    for stale in ("drop", "fold"):
+        r = simulate(cfg(workers=4, mode="backup", k=3, stale=stale), FIXED)
+        late = r.drops if stale == "drop" else r.folded
+        pushes = sum(r.steps.values())
+        # every push counted once: k fresh per update, the late ones, and those the end cut
+        assert 3 * r.updates + late <= pushes <= 3 * r.updates + late + 4
+        assert late >= r.updates - 1  # the slowest of 4 misses every update but the first
+        if stale == "drop":
+            assert not r.staleness.any()
+        else:
+            assert r.staleness.max() == 1
+
+
+def test_a_straggler_slows_sync_and_backup_workers_hide_it():
+    slow = {"1": 4.0}  # worker 1 computes 4x as long
+    sync = simulate(cfg(workers=4, mode="sync", stragglers=slow), FIXED)
+    backup = simulate(cfg(workers=4, mode="backup", k=3, stragglers=slow), FIXED)
+    plain = simulate(cfg(workers=4, mode="sync"), FIXED)
+    round_s = 0.001 + 4 * 0.004 + 0.002 + 4 * 0.0001 + 0.0005
+    assert sync.updates_per_s == pytest.approx(1 / round_s, rel=0.02)
+    assert backup.updates_per_s > 0.9 * plain.updates_per_s
+    assert backup.steps[1] < backup.steps[0] / 2
+
+
+def test_ssp_stays_within_its_bound_and_beats_sync_with_a_straggler():
+    slow = {"0": 3.0}
+    ssp = simulate(cfg(workers=4, mode="ssp", staleness=2, stragglers=slow), FIXED)
+    sync = simulate(cfg(workers=4, mode="sync", stragglers=slow), FIXED)
+    assert ssp.updates_per_s > sync.updates_per_s
+    # no worker gets more than s + 1 steps ahead of the straggler
+    assert max(ssp.steps.values()) - ssp.steps[0] <= 2 + 1
+
+
+def test_faults_end_sync_and_not_async_or_backup():
+    kill = {"2": {"kind": "kill", "at": 5}}
+    r = simulate(cfg(workers=3, mode="sync", faults=kill), FIXED)
+    assert r.error and "worker 2 died" in r.error and r.updates < 200
+    for mode, extra in (("async", {}), ("backup", {"k": 2}), ("ssp", {"staleness": 1})):
+        r = simulate(cfg(workers=3, mode=mode, faults=kill, **extra), FIXED)
+        assert r.error is None and r.updates == 200 and r.dead == [2], mode
+        assert r.steps[2] == 5
+
+
+def test_a_run_whose_workers_all_die_ends_saying_so():
+    kill = {str(w): {"kind": "kill", "at": 3} for w in range(2)}
+    for mode in ("async", "ssp"):
+        r = simulate(cfg(workers=2, mode=mode, faults=kill), FIXED)
+        assert r.error == "every worker died before update 200" and r.updates < 200
+
+
+def test_shared_cores_cap_the_throughput():
+    """4 workers on 1 core compute one at a time; with a core each they do not."""
+    costs = Costs(compute_s=0.004, cores=1)
+    r = simulate(cfg(workers=4, mode="async", steps=1000), costs)
+    assert r.updates_per_s == pytest.approx(1 / 0.004, rel=0.02)
+    free = simulate(cfg(workers=4, mode="async", steps=1000), Costs(compute_s=0.004))
+    assert free.updates_per_s == pytest.approx(4 / 0.004, rel=0.02)
+
+
+def test_the_same_seed_gives_the_same_run_and_noise_keeps_its_mean():
+    noisy = Costs(compute_s=0.004, compute_cv=0.5)
+    c = cfg(
+        workers=3,
+        mode="async",
+        steps=3000,
+        stragglers={"1": {"dist": "exponential", "mean": 0.002}},
+    )
+    a, b, other = simulate(c, noisy, seed=1), simulate(c, noisy, seed=1), simulate(c, noisy, seed=2)
+    assert a.update_t.tolist() == b.update_t.tolist() and a.steps == b.steps
+    assert a.update_t.tolist() != other.update_t.tolist()
+    # lognormal noise with the mean kept: about the noiseless rate (worker 1 also sleeps)
+    expected = 2 / 0.004 + 1 / 0.006
+    assert a.updates_per_s == pytest.approx(expected, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [
+        ({"ps": 0}, "ps must be an integer >= 1, got 0"),
+        ({"cfg": {"checkpoint_every": 10}}, "checkpoints, resumes and PS faults"),
+    ],
+)
+def test_bad_input_is_refused_by_name(kwargs, named):
+    c = cfg(workers=2, mode="sync", **kwargs.pop("cfg", {}))
+    with pytest.raises(ValueError, match=named):
+        simulate(c, FIXED, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("compute_s", -1.0), ("pull_s", math.nan), ("cores", 0), ("compute_s", {1: "x"})],
+)
+def test_bad_costs_are_refused_by_name(field, value):
+    args = {"compute_s": 0.001, field: value}
+    with pytest.raises(ValueError, match=f"Costs.{field}"):
+        Costs(**args)
+
+
+def _calls(path: Path) -> set[str]:
+    """`protocol.X` names a module uses (attribute reads of the protocol module)."""
+    tree = ast.parse(path.read_text())
+    return {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "protocol"
+    }
+
+
+@pytest.mark.parametrize("module", ["helpers/cluster/ps.py", "helpers/sim/simulator.py"])
+def test_the_engine_and_the_simulator_share_the_protocols_rules(module):
+    """Both follow protocol's SSP gate, backup choice (with its fold weights) and owed tokens;
+    neither writes its own: no function of those names, no power (the fold's decay), no min
+    over workers' clocks."""
+    path = ROOT / module
+    used = _calls(path)
+    assert {"SSPGate", "BackupAggregator", "OwedTokens", "staleness"} <= used, used
+    tree = ast.parse(path.read_text())
+    own = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    rules = {"ssp_may_step", "ssp_grants", "fold_weights", "offer", "SSPGate", "BackupAggregator"}
+    assert not own & rules, own & rules
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow)]
+    mins = [
+        ast.unparse(n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "id", "") == "min"
+        and "clock" in ast.unparse(n)
+    ]
+    assert not mins, mins
