@@ -33,9 +33,10 @@ TF_REPLICA_TYPES = {"Chief", "PS", "Worker", "Evaluator", "Master"}
 if "kubernetes_validate" in os.environ.get("LABS_TESTS_REQUIRE", ""):
     import kubernetes_validate  # .ci/run installs the extra and requires it: no silent skip
 else:
-    kubernetes_validate = pytest.importorskip(
-        "kubernetes_validate", reason="pip install -e '.[kube]' to validate the manifests"
-    )
+    try:
+        import kubernetes_validate
+    except ImportError:  # a student's environment: only the schema checks skip
+        kubernetes_validate = None
 
 
 def _strict(schema):
@@ -75,6 +76,8 @@ def tfjob_schema():
 
 
 def _k8s_valid(doc):
+    if kubernetes_validate is None:
+        pytest.skip("pip install -e '.[kube]' to check the manifests against Kubernetes' schemas")
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(doc, version, strict=True)
 
@@ -170,10 +173,10 @@ def test_a_typo_in_a_manifest_fails_the_checks(tfjob_schema):
 
     config_map, service, job = kube.manifests(image="labs:1", workers=2, mode="sync")
     job["spec"]["completionmode"] = "Indexed"
-    with pytest.raises(kubernetes_validate.ValidationError):
+    with pytest.raises(getattr(kubernetes_validate, "ValidationError", Exception)):
         _k8s_valid(job)
     service["spec"]["ports"][0]["port"] = "2222"
-    with pytest.raises(kubernetes_validate.ValidationError):
+    with pytest.raises(getattr(kubernetes_validate, "ValidationError", Exception)):
         _k8s_valid(service)
     _, tfjob = kube.manifests(image="labs:1", kind="tfjob", workers=2, mode="sync")
     tfjob["spec"]["runPolicy"]["cleanPodPolicies"] = "All"
@@ -189,11 +192,14 @@ def test_a_typo_in_a_manifest_fails_the_checks(tfjob_schema):
         ({"image": ""}, "image ''", "give the container image"),
         ({"kind": "deployment"}, "'deployment'", "use 'job'"),
         ({"faults": {"1": {"kind": "kill", "at": 3}}}, "faults=", "use LocalCluster"),
-        ({"worker_timeout": 0}, "worker_timeout=0", "e.g. worker_timeout=120"),
+        ({"worker_timeout": 0}, "worker_timeout=0", "e.g. worker_timeout=300"),
         ({"ps": 0}, "got 0", "ps must be an integer >= 1"),
         ({"mode": "bsp"}, "'bsp'", "use one of"),
         ({"workers": None}, "without workers", "give workers="),
         ({"stepz": 10}, "['stepz']", "fields of protocol.RunConfig"),
+        ({"evaluator": True}, "evaluator=True", "no evaluator pod"),
+        ({"deadline_s": 0}, "deadline_s must be", "got 0"),
+        ({"kind": "tfjob", "name": "r" * 55, "workers": 12}, "'r", "at most 63"),
     ],
 )
 def test_bad_input_is_refused_by_name(kwargs, named, remedy):
@@ -285,3 +291,34 @@ def test_the_job_pods_command_runs_the_run_for_real(tmp_path, shared_data):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             p.stdout.close()
+
+
+def test_the_documented_command_writes_what_the_docs_say(capsys):
+    """docs/cluster.md, 'On Kubernetes': the command as written, the names the page uses."""
+    page = (HERE.parent / "docs" / "cluster.md").read_text()
+    command = (
+        "--image registry.example.org/labs:1 \\\n"
+        "    --name sync-4w --ps 2 --workers 4 --mode sync --steps 500"
+    )
+    assert f"python -m helpers.cluster.kube manifests {command} > run.yaml" in page
+    assert kube.main(["manifests", *command.replace("\\\n", "").split()]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    job = docs[-1]
+    assert job["metadata"]["name"] == "sync-4w" and job["spec"]["completions"] == 6
+    assert "job/sync-4w" in page and "sync-4w-i.sync-4w" in page and "/runs/sync-4w" in page
+    for doc in docs:
+        _k8s_valid(doc)
+
+
+def test_the_command_line_refuses_a_field_given_twice_or_bad_json(capsys):
+    base = ["manifests", "--image", "labs:1", "--workers", "2"]
+    for extra, said in (
+        (["--run", '{"steps": 10}'], "--run gives ['steps'] again: use the flag (--steps)"),
+        (["--run", "k=3"], "--run 'k=3' is not JSON"),
+    ):
+        with pytest.raises(SystemExit):
+            kube.main(base + extra)
+        assert said in capsys.readouterr().err
+    assert kube.main(base + ["--mode", "backup", "--run", '{"k": 1}']) == 0
+    job = list(yaml.safe_load_all(capsys.readouterr().out))[-1]
+    assert job["metadata"]["name"].startswith("labs-backup-")  # a new name for each run

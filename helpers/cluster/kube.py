@@ -33,6 +33,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from helpers.cluster import protocol
@@ -52,9 +53,13 @@ def roles(ps: int, workers: int) -> list[tuple[str, int]]:
     return [("ps", t) for t in range(ps)] + [("worker", t) for t in range(workers)]
 
 
-def _check(name: str, image: str, ps: int, cfg: protocol.RunConfig) -> None:
-    # pod i's host name is "<name>-<i>" and must itself be a DNS label of at most 63 characters
-    longest = f"{name}-{ps + cfg.workers - 1}"
+def _check(name: str, image: str, ps: int, cfg: protocol.RunConfig, kind: str) -> None:
+    # a pod's host name must itself be a DNS label of at most 63 characters: "<name>-<i>" in an
+    # Indexed Job, "<name>-worker-<i>" and "<name>-ps-<i>" under the TFJob operator
+    if kind == "job":
+        longest = f"{name}-{ps + cfg.workers - 1}"
+    else:
+        longest = max(f"{name}-worker-{cfg.workers - 1}", f"{name}-ps-{ps - 1}", key=len)
     if not _NAME.match(name or "") or len(longest) > 63:
         raise ValueError(
             f"run name {name!r} cannot name Kubernetes objects: use lower-case letters, digits "
@@ -77,7 +82,12 @@ def _check(name: str, image: str, ps: int, cfg: protocol.RunConfig) -> None:
         raise ValueError(
             f"worker_timeout={cfg.worker_timeout!r}: on Kubernetes no launcher watches the "
             f"workers, so the PS needs a limit (seconds without a message from any worker) to "
-            f"end a run whose worker died; e.g. worker_timeout=120"
+            f"end a run whose worker died; e.g. worker_timeout=300"
+        )
+    if cfg.evaluator:
+        raise ValueError(
+            "evaluator=True: the manifests start no evaluator pod; evaluate the run's "
+            "checkpoints afterwards (checkpoint_every=...) from the runs volume"
         )
 
 
@@ -140,14 +150,16 @@ def manifests(
             packages installed (docs/cluster.md, 'On Kubernetes').
         ps: PS tasks (the parameters are sharded over them as on LocalCluster).
         kind: "job" (an Indexed Job and a headless Service) or "tfjob" (Kubeflow's TFJob).
-        name: the run's id and the objects' name (a DNS label); by default from the mode.
+        name: the run's id and the objects' name (a DNS label); by default the mode and
+            the time, so that every call names a new run.
         runs_claim: a PersistentVolumeClaim every pod can mount read-write (ReadWriteMany):
             the runs' folders, with every node's event log.
         env: more environment variables for every pod (LABS_DATA_MIRROR, for example).
         cpu, memory: what each pod requests (a TF process needs about 700 MB).
         deadline_s: the Job ends, and its pods with it, after this many seconds at most.
-        **run: the fields of protocol.RunConfig (workers, mode, steps, worker_timeout, ...);
-            worker_timeout defaults to 120 s here.
+        **run: the fields of protocol.RunConfig (workers, mode, steps, worker_timeout, ...).
+            worker_timeout defaults to 300 s here; it counts from the PS's start, so it must
+            also cover the other pods being scheduled, their image pulled, their data read.
     """
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: use 'job' (Indexed Job + Service) or 'tfjob' (Kubeflow)")
@@ -157,11 +169,15 @@ def manifests(
             f"run fields {unknown or 'without workers'}: give workers= (the worker pods) and "
             f"other fields of protocol.RunConfig (mode, steps, lr, ...)"
         )
-    run.setdefault("worker_timeout", 120.0)
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int) or deadline_s < 1:
+        raise ValueError(f"deadline_s must be a whole number of seconds >= 1, got {deadline_s!r}")
+    run.setdefault("worker_timeout", 300.0)
     run.setdefault("worker_ids", list(range(run["workers"])))
-    name = name or f"labs-{run.get('mode', 'async')}-{run['workers']}w-{ps}ps"
+    # a new name for each run by default: an applied Job of the same name would be left as it
+    # is, and a finished run's folder would get the new run's events appended to its own
+    name = name or f"labs-{run.get('mode', 'async')}-{time.strftime('%m%d-%H%M%S')}"
     cfg = protocol.validate(protocol.RunConfig(run_id=name, **run))
-    _check(name, image, ps, cfg)
+    _check(name, image, ps, cfg, kind)
     meta = {"name": name, "labels": {"app.kubernetes.io/name": APP, f"{APP}/run": name}}
     if namespace:
         meta["namespace"] = namespace
@@ -289,7 +305,12 @@ def pod_main(config_dir: Path, runs: Path, environ=os.environ) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cluster_file = write_cluster(Path(tmp) / "cluster.json", cluster)
         argv = ["--cluster", str(cluster_file), "--job", job, "--task", str(task)]
-        return node.main([*argv, "--run", str(config_file)])
+        code = node.main([*argv, "--run", str(config_file)])
+    if job == "worker" and code == 0:
+        # a worker ends once the run has: the TFJob operator counts a run without a chief as
+        # done when worker 0 exits, and would then delete PS task 0 before its final record
+        node.wait_until_closed(cluster["ps"][0], f"worker {task}")
+    return code
 
 
 def main(argv=None) -> int:
@@ -306,7 +327,7 @@ def main(argv=None) -> int:
     m.add_argument("--mode", default="async", choices=protocol.MODES)
     m.add_argument("--steps", type=int, default=500)
     m.add_argument("--model", default="logreg")
-    m.add_argument("--worker-timeout", type=float, default=120.0)
+    m.add_argument("--worker-timeout", type=float, default=300.0)
     m.add_argument("--run", default="{}", help="more RunConfig fields as JSON, e.g. '{\"k\": 3}'")
     pod = sub.add_parser("pod", help="inside a pod: run its node")
     pod.add_argument("--config", default=CONFIG_DIR)
@@ -314,6 +335,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.what == "pod":
         return pod_main(Path(args.config), Path(args.runs))
+    try:
+        more = json.loads(args.run)
+    except json.JSONDecodeError as err:
+        p.error(f"--run {args.run!r} is not JSON ({err}); e.g. --run '{{\"k\": 3}}'")
+    run = dict(
+        workers=args.workers,
+        mode=args.mode,
+        steps=args.steps,
+        model=args.model,
+        worker_timeout=args.worker_timeout,
+    )
+    twice = sorted(set(more) & set(run))
+    if twice:
+        p.error(f"--run gives {twice} again: use the flag (--{twice[0].replace('_', '-')})")
     docs = manifests(
         image=args.image,
         ps=args.ps,
@@ -321,12 +356,8 @@ def main(argv=None) -> int:
         name=args.name,
         namespace=args.namespace,
         runs_claim=args.runs_claim,
-        workers=args.workers,
-        mode=args.mode,
-        steps=args.steps,
-        model=args.model,
-        worker_timeout=args.worker_timeout,
-        **json.loads(args.run),
+        **run,
+        **more,
     )
     sys.stdout.write(to_yaml(docs))
     return 0

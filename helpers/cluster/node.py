@@ -27,6 +27,31 @@ from helpers.system.processes import die_with_parent, lean_keras_import
 from helpers.system.remote import remote_lifeline
 
 
+def wait_until_closed(
+    address: str, who: str, every: float = 1.0, misses: int = 3, never_s: float = 600.0
+) -> None:
+    """Return once PS task 0's port (`address`) has refused `misses` times in a row after it was
+    reached (task 0's process exits when the run ends); raise if it was never reached in
+    `never_s` seconds (task 0 never started, or is unreachable). `who` names the caller."""
+    import socket
+    import time
+
+    host, port = address.rsplit(":", 1)
+    reached, missed, start = False, 0, time.monotonic()
+    while missed < misses:
+        try:
+            socket.create_connection((host, int(port)), timeout=every).close()
+            reached, missed = True, 0
+        except OSError as err:
+            missed += reached
+            if not reached and time.monotonic() - start > never_s:
+                raise RuntimeError(
+                    f"{who}: PS task 0 at {address} was never reachable in {never_s:.0f} s; "
+                    f"start it (or check the address in the cluster file)"
+                ) from err
+        time.sleep(every)
+
+
 class Node:
     """The TF side of one process: connect, then run training runs."""
 
@@ -65,29 +90,9 @@ class Node:
             with tf.device(self.ps_device):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
 
-    def wait_for_ps0_to_end(
-        self, every: float = 1.0, misses: int = 3, never_s: float = 600.0
-    ) -> None:
-        """Standalone PS task > 0: return once PS task 0's port has refused `misses` times in a
-        row after it was reached (task 0's process exits when the run ends); raise if it was
-        never reached in `never_s` seconds (task 0 never started, or is unreachable)."""
-        import socket
-        import time
-
-        host, port = self.ps_addrs[0].rsplit(":", 1)
-        reached, missed, start = False, 0, time.monotonic()
-        while missed < misses:
-            try:
-                socket.create_connection((host, int(port)), timeout=every).close()
-                reached, missed = True, 0
-            except OSError as err:
-                missed += reached
-                if not reached and time.monotonic() - start > never_s:
-                    raise RuntimeError(
-                        f"PS task {self.task}: PS task 0 at {self.ps_addrs[0]} was never reachable "
-                        f"in {never_s:.0f} s; start it (or check the address in the cluster file)"
-                    ) from err
-            time.sleep(every)
+    def wait_for_ps0_to_end(self) -> None:
+        """Standalone PS task > 0: serve until PS task 0 has ended the run (wait_until_closed)."""
+        wait_until_closed(self.ps_addrs[0], f"PS task {self.task}")
 
     def say(self, event: Event, **fields) -> None:
         """Send one message to the launcher (helpers.system.control)."""
