@@ -98,6 +98,17 @@ def test_the_incremental_ssp_gate_grants_what_the_rule_over_all_clocks_grants():
             assert gate.slowest == (min(clocks.values()) if clocks else gate.slowest)
 
 
+def test_owed_tokens_are_due_once_the_version_passes_what_was_read():
+    owed = protocol.OwedTokens()
+    owed.owe(0, 3)
+    owed.owe(1, 2)
+    owed.owe(2, 3)
+    assert owed.due(3) == [1] and len(owed) == 2  # read 2 < 3: due; read 3: not yet
+    assert owed.due(3) == []
+    owed.owe(1, 3)
+    assert owed.due(4) == [0, 2, 1] and len(owed) == 0  # in the order they pushed
+
+
 # ------------------------------------------------------------------------- backup workers
 def test_fold_weights_shrink_exponentially_and_respect_the_bound():
     for ages in ([1], [1, 2], [1, 1, 1], [3, 5, 2, 1, 1, 4]):

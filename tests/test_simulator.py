@@ -6,6 +6,7 @@ import ast
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers.cluster import protocol
@@ -71,8 +72,11 @@ def test_a_straggler_slows_sync_and_backup_workers_hide_it():
     sync = simulate(cfg(workers=4, mode="sync", stragglers=slow), FIXED)
     backup = simulate(cfg(workers=4, mode="backup", k=3, stragglers=slow), FIXED)
     plain = simulate(cfg(workers=4, mode="sync"), FIXED)
-    round_s = 0.001 + 4 * 0.004 + 0.002 + 4 * 0.0001 + 0.0005
-    assert sync.updates_per_s == pytest.approx(1 / round_s, rel=0.02)
+    # every update waits for the straggler, which sleeps its delay after pushing (as
+    # worker.py does): a round is its pull, compute, push and sleep
+    round_s = 0.001 + 0.004 + 0.002 + 3 * 0.004
+    # (the first round decides on all four pushes at once; later, the others' come earlier)
+    assert np.diff(sync.update_t)[1:].tolist() == pytest.approx([round_s] * 198)
     assert backup.updates_per_s > 0.9 * plain.updates_per_s
     assert backup.steps[1] < backup.steps[0] / 2
 
@@ -101,6 +105,14 @@ def test_a_run_whose_workers_all_die_ends_saying_so():
     for mode in ("async", "ssp"):
         r = simulate(cfg(workers=2, mode=mode, faults=kill), FIXED)
         assert r.error == "every worker died before update 200" and r.updates < 200
+
+
+def test_one_ps_applies_on_a_shared_core_too():
+    """async on one core: compute and the PS's apply take turns (4 ms each)."""
+    costs = Costs(compute_s=0.004, apply_s=0.004, cores=1)
+    for ps in (1, 2):
+        r = simulate(cfg(workers=4, mode="async", steps=500), costs, ps=ps)
+        assert r.updates_per_s == pytest.approx(1 / 0.008, rel=0.02), ps
 
 
 def test_shared_cores_cap_the_throughput():
@@ -149,6 +161,12 @@ def test_bad_costs_are_refused_by_name(field, value):
     args = {"compute_s": 0.001, field: value}
     with pytest.raises(ValueError, match=f"Costs.{field}"):
         Costs(**args)
+
+
+def test_a_worker_without_a_compute_time_is_named():
+    costs = Costs(compute_s={0: 0.004, 1: 0.004})
+    with pytest.raises(ValueError, match="no time for worker 2"):
+        simulate(cfg(workers=3, mode="async"), costs)
 
 
 def _calls(path: Path) -> set[str]:

@@ -9,8 +9,8 @@ same protocol rules, simulated time instead of processes, so 1,000 workers fit o
 
 What is simulated, as the engine does it (helpers/cluster/ps.py and worker.py):
 - a worker step: wait for a token (sync, SSP, backup), pull the parameters (every n_fetch-th
-  step, Downpour), compute a gradient on a core, sleep a straggler's delay (no core), push
-  (every n_push-th step);
+  step, Downpour; the version is read on the PS half-way through the pull), compute a gradient
+  on a core, push (every n_push-th step), then sleep a straggler's delay (no core);
 - async: each push applies under the next ticket, one at a time on the PS; its staleness is the
   updates applied since the worker read the parameters;
 - sync and backup: PS task 0's loop takes the pushes in arrival order, decides with
@@ -69,9 +69,16 @@ class Costs:
             raise ValueError(f"Costs.cores must be None or an integer >= 1, got {self.cores!r}")
 
     def compute_of(self, worker: int) -> float:
-        if isinstance(self.compute_s, dict):
-            return float(self.compute_s.get(worker, self.compute_s.get(str(worker), 0.0)))
-        return float(self.compute_s)
+        """Worker `worker`'s mean compute seconds per step."""
+        if not isinstance(self.compute_s, dict):
+            return float(self.compute_s)
+        for key in (worker, str(worker)):
+            if key in self.compute_s:
+                return float(self.compute_s[key])
+        raise ValueError(
+            f"Costs.compute_s has no time for worker {worker} (it has {sorted(self.compute_s)}): "
+            f"give every worker of the run one"
+        )
 
 
 @dataclass
@@ -168,7 +175,7 @@ class _Sim:
     def _apply(self):
         """One update's apply: split over the PS tasks, each on a core, plus coordination."""
         c = self.costs
-        if self.ps == 1 or self.cores is None:
+        if self.cores is None:
             yield self.env.timeout(c.apply_s / self.ps + (c.shard_s if self.ps > 1 else 0.0))
             return
         parts = [self.env.process(self._on_core(c.apply_s / self.ps)) for _ in range(self.ps)]
@@ -197,23 +204,25 @@ class _Sim:
                 self.credits[w] -= 1
             fetch, push = downpour.fetch(step), downpour.accumulate()
             compute = self._compute_s(w)
+            delay = self._delay_s(w, compute)
+            pull = c.pull_s if fetch else 0.0
             if self.cores is None:
-                # pull, compute, a straggler's sleep and push as one event: the version read
-                # at the pull's end is looked up afterwards in the updates' times
-                pulled = env.now + c.pull_s if fetch else None
-                delay = self._delay_s(w, compute)
-                yield env.timeout((c.pull_s if fetch else 0.0) + compute + delay + c.push_s * push)
-                if pulled is not None:
-                    read = bisect_right(self.update_t, pulled)
+                # pull, compute and push as one event: the version read half-way through the
+                # pull (on the PS, as the token is taken) is looked up in the updates' times
+                read_at = env.now + pull / 2
+                yield env.timeout(pull + compute + c.push_s * push)
+                if fetch:
+                    read = bisect_right(self.update_t, read_at)
             else:
                 if fetch:
-                    if c.pull_s:
-                        yield env.timeout(c.pull_s)
+                    if pull:
+                        yield env.timeout(pull / 2)
                     read = self.version
+                    if pull:
+                        yield env.timeout(pull / 2)
                 yield from self._on_core(compute)
-                delay = self._delay_s(w, compute)
-                if delay or (push and c.push_s):
-                    yield env.timeout(delay + c.push_s * push)
+                if push and c.push_s:
+                    yield env.timeout(c.push_s)
             if self.over.triggered:
                 return
             if push:
@@ -223,6 +232,8 @@ class _Sim:
                     self._send(protocol.Push(w, step, read))
             self.steps[w] += 1
             step += 1
+            if delay:  # a straggler sleeps after its step, as worker.py's _delay does
+                yield env.timeout(delay)
 
     def _send(self, item) -> None:
         """A message to PS task 0's loop: a push, or a worker's death."""
