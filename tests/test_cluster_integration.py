@@ -519,6 +519,28 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
     assert run.test_accuracy > MIN_ACCURACY
 
 
+def test_a_resumed_run_warms_up_under_start_timeout_not_stall_timeout(shared_data):
+    """A resumed run's log begins with the earlier attempt's events, its JOINED among them:
+    until the workers join again, tracing their steps writes nothing, and that wait is
+    start_timeout's (120 s), not stall_timeout's (here 1 s, far less than a warm-up)."""
+    with LocalCluster(workers=1, isolate="auto") as c:
+        run_id = f"{c.name}-resume-warmup"
+        with pytest.raises(ClusterError, match="ps:0"):
+            c.train(
+                mode="async", run_id=run_id, checkpoint_every=20,
+                faults={"ps": {"kind": "kill", "at": 25}}, **dict(COMMON, steps=60),
+            )  # fmt: skip
+    with LocalCluster(workers=1, isolate="auto", stall_timeout=1.0) as c:
+        run = c.train(
+            mode="async", run_id=run_id, resume=True, checkpoint_every=20, **dict(COMMON, steps=60)
+        )
+    ev = run.events
+    assert ev[ev.kind == "resume"].version.tolist() == [20]
+    after = ev.loc[ev[ev.kind == "start"].index[-1] :]
+    assert after[after.kind == "update"].version.tolist() == list(range(21, 61))
+    assert (ev.kind == "joined").sum() == 2  # one an attempt
+
+
 @pytest.fixture(scope="module")
 def small_cluster(shared_data):
     with LocalCluster(workers=2, isolate="auto", stall_timeout=10) as c:

@@ -71,7 +71,8 @@ class _Watch:
     board: Dashboard | None
     results: dict = field(default_factory=dict)
     ps_error: str | None = None  # a protocol error the PS reported (the cluster lives on)
-    joined: bool = False  # every worker has traced its step and joined
+    joined: bool = False  # every worker has traced its step and joined, in this attempt
+    since: float = field(default_factory=lambda: time.time() - 1.0)  # this attempt's start
     last_progress: float = field(default_factory=time.monotonic)
 
 
@@ -428,18 +429,18 @@ class LocalCluster:
     def _check_progress(self, cfg, watch: _Watch) -> None:
         """Feed the dashboard with new events; fail the run when none came for too long.
 
-        Until the workers have joined (tracing the step functions may take long on a busy
-        machine) the limit is start_timeout, after that stall_timeout.
+        Until the workers join in this attempt (tracing is slow on a busy machine; a resumed
+        run's log also holds an earlier attempt's JOINED) start_timeout, then stall_timeout.
         """
         events = watch.tail.read()
         if events:
             watch.last_progress = time.monotonic()
-            watch.joined = watch.joined or any(e["kind"] == Kind.JOINED for e in events)
-            if watch.board:
-                watch.board.update(events)
+            joined = [e for e in events if e["kind"] == Kind.JOINED and e["t"] >= watch.since]
+            watch.joined = watch.joined or bool(joined)
+        if watch.board:  # with no new events still redrawn (a silent worker may be hung)
+            watch.board.update(events)
+        if events:
             return
-        if watch.board:  # no new events: still redraw (a silent worker may be hung)
-            watch.board.update([])
         limit = self.stall_timeout if watch.joined else self.start_timeout
         if time.monotonic() - watch.last_progress <= limit:
             return
