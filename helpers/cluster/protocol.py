@@ -35,6 +35,21 @@ def ssp_grants(granted: int, live_clocks: list[int], staleness: int) -> int:
     return max(0, limit - granted)
 
 
+WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
+
+
+def straggler_delay(spec, compute_s: float, rng) -> float:
+    """A straggler's extra sleep after one step: a slowdown factor stretches the step's compute
+    time; {"dist": "exponential"|"uniform", "mean": s} draws a delay from `rng` (NumPy)."""
+    if spec is None:
+        return 0.0
+    if isinstance(spec, dict):
+        if spec["dist"] == "exponential":
+            return float(rng.exponential(spec["mean"]))
+        return float(rng.uniform(0, 2 * spec["mean"]))
+    return (spec - 1) * compute_s
+
+
 class SSPGate:
     """SSP's step tokens for a set of workers, kept incrementally: ssp_grants' rule, with the
     slowest live clock tracked as clocks advance (each by one) instead of a min over all

@@ -36,8 +36,6 @@ from helpers.cluster.wire import (
 from helpers.system import clock
 from helpers.training import compression
 
-WAITING_MODES = ("sync", "backup", "ssp")  # a worker needs a token from the PS for every step
-
 
 def _stamp():
     """tf.timestamp() on this worker's clock, as clock.now() reads it (traced into the step)."""
@@ -319,7 +317,7 @@ class WorkerLoop:
         """
         b, cfg = self.cfg.batch_size, self.cfg
         x, y = self.x[:b], self.y[:b]
-        wait = cfg.mode in WAITING_MODES
+        wait = cfg.mode in protocol.WAITING_MODES
         if not wait:
             self._token()
         self.step(x, y, tf.constant(-1, tf.int64), True, True, wait)
@@ -343,17 +341,9 @@ class WorkerLoop:
 
     def _delay(self, compute_s):
         spec = self.cfg.stragglers.get(str(self.node.task))
-        if spec is None:
-            return 0.0
-        if isinstance(spec, dict):
-            delay = (
-                self.rng.exponential(spec["mean"])
-                if spec["dist"] == "exponential"
-                else self.rng.uniform(0, 2 * spec["mean"])
-            )
-        else:
-            delay = (spec - 1) * compute_s
-        time.sleep(delay)  # the simulated slowdown itself, not a wait for a condition
+        delay = protocol.straggler_delay(spec, compute_s, self.rng)
+        if delay:
+            time.sleep(delay)  # the simulated slowdown itself, not a wait for a condition
         return delay
 
     def _batches(self):
@@ -368,7 +358,7 @@ class WorkerLoop:
 
     def _step_once(self, step: int, idx, waited, wait_s: float, token) -> Token:
         """Run step `step` on the batch `idx` and log it; return the token it ran under."""
-        cfg, waits_every_step = self.cfg, self.cfg.mode in WAITING_MODES
+        cfg, waits_every_step = self.cfg, self.cfg.mode in protocol.WAITING_MODES
         fetch = self.downpour.fetch(step)
         push = self.downpour.accumulate()
         t = clock.now()  # wall clock, as the step's own stamps
@@ -422,7 +412,7 @@ class WorkerLoop:
         cfg = self.cfg
         batches = self._batches()
         step, token = 0, None
-        waits_every_step = cfg.mode in WAITING_MODES
+        waits_every_step = cfg.mode in protocol.WAITING_MODES
         fault = cfg.faults.get(str(self.node.task))
         ended = (tf.errors.OutOfRangeError, tf.errors.CancelledError, tf.errors.AbortedError)
         try:

@@ -40,7 +40,6 @@ import simpy
 
 from helpers.cluster import protocol
 
-WAITING_MODES = ("sync", "ssp", "backup")
 _DRAWS = 1024  # random draws made at once per worker
 
 
@@ -153,15 +152,9 @@ class _Sim:
             return next(self.draws[w])
 
     def _delay_s(self, w: int, compute_s: float) -> float:
-        """A straggler's extra sleep, as worker.py's _delay draws it."""
+        """A straggler's extra sleep, drawn by worker.py's rule."""
         spec = self.cfg.stragglers.get(str(w), self.cfg.stragglers.get(w))
-        if spec is None:
-            return 0.0
-        if isinstance(spec, dict):
-            if spec["dist"] == "exponential":
-                return float(self.rng[w].exponential(spec["mean"]))
-            return float(self.rng[w].uniform(0, 2 * spec["mean"]))
-        return (spec - 1) * compute_s
+        return protocol.straggler_delay(spec, compute_s, self.rng[w])
 
     def _on_core(self, seconds: float):
         """Hold a core (when cores are shared) for `seconds`."""
@@ -188,7 +181,7 @@ class _Sim:
         cfg, env, c = self.cfg, self.env, self.costs
         downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
         fault = cfg.faults.get(str(w), cfg.faults.get(w))
-        waits = cfg.mode in WAITING_MODES
+        waits = cfg.mode in protocol.WAITING_MODES
         read = 0
         step = 0
         while not self.over.triggered:
@@ -332,7 +325,7 @@ class _Sim:
         if cfg.mode == "ssp":
             for w, _, _ in self.gate.start():
                 self._hand(w)
-        elif cfg.mode in WAITING_MODES:
+        elif cfg.mode in protocol.WAITING_MODES:
             for w in cfg.worker_ids:
                 self._hand(w)
         for w in cfg.worker_ids:
