@@ -90,10 +90,6 @@ class Node:
             with tf.device(self.ps_device):
                 int(tf.constant(1) + 1)  # blocks until the PS answers
 
-    def wait_for_ps0_to_end(self) -> None:
-        """Standalone PS task > 0: serve until PS task 0 has ended the run (wait_until_closed)."""
-        wait_until_closed(self.ps_addrs[0], f"PS task {self.task}")
-
     def say(self, event: Event, **fields) -> None:
         """Send one message to the launcher (helpers.system.control)."""
         if self._say is not None:
@@ -208,7 +204,7 @@ def main(argv=None) -> int:
         cfg, record = RunDir.read_config(args.run)
         result = node.run(validate(cfg), record.path)
         if node.server is not None:  # another PS task: serve the run until task 0 has ended it
-            node.wait_for_ps0_to_end()
+            wait_until_closed(node.ps_addrs[0], f"PS task {node.task}")
         print(json.dumps(result), flush=True)
         return 0
     lines = iter(commands.get, None) if commands is not None else map(json.loads, sys.stdin)
