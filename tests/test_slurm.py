@@ -48,6 +48,15 @@ def slurm(tmp_path_factory):
     assert left == {}, f"left running on the nodes: {left}"
 
 
+def test_a_step_slurm_refuses_is_named_with_srun_s_own_words(slurm, shared_data):
+    """4 tasks on an allocation of 3 CPUs without --overcommit: srun cannot create the step, and
+    the error says why (srun's line), not only that the step ended. Before the cluster below."""
+    placement = Slurm(slurm.job, srun_args=["--overlap"], port_base=2500)
+    with pytest.raises(ClusterError, match="srun: error: .*More processors requested"):
+        LocalCluster(workers=3, ps=1, placement=placement).start()
+    assert slurm.hosts.wait_empty(10) == {}
+
+
 @pytest.fixture(scope="module")
 def cluster(slurm, shared_data):
     placement = Slurm(slurm.job, srun_args=["--overlap", "--overcommit"])

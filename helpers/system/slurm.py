@@ -78,6 +78,7 @@ class SrunStep:
     def __init__(self, cmd: list[str], env: dict, names: list[str], log: Path, inbox):
         self.names, self.inbox = list(names), inbox
         self.ended: dict[str, str] = {}  # task -> how srun said it ended
+        self.error: str | None = None  # srun's last error about the whole step
         self.eof_at: float | None = None
         self.log = open(log, "wb")
         self._lock = threading.Lock()
@@ -106,9 +107,12 @@ class SrunStep:
         for line in self.popen.stderr:
             self.log.write(line)
             self.log.flush()
-            found = ENDED.search(line.decode(errors="replace").strip())
+            text = line.decode(errors="replace").strip()
+            found = ENDED.search(text)
             if found and int(found.group(1)) < len(self.names):
                 self.ended[self.names[int(found.group(1))]] = found.group(2).lower()
+            elif text.startswith("srun: error:"):  # e.g. the step could not be created
+                self.error = text
 
     def send(self, msg: dict) -> None:
         """Write one JSON message to every task's stdin."""
@@ -154,7 +158,10 @@ class StepTask:
         if rc is None:
             return None
         # srun names each task that failed; with none named and 0, every task exited with 0
-        return "exited with code 0" if rc == 0 else f"ended with its srun step (exit code {rc})"
+        if rc == 0:
+            return "exited with code 0"
+        said = f" ({self.step.error})" if self.step.error else ""
+        return f"ended with its srun step (exit code {rc}){said}"
 
     def terminate(self) -> None:
         """End the whole step, once for all its tasks: 3 s for the tasks to exit by
