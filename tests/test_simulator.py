@@ -68,13 +68,14 @@ def test_backup_applies_k_fresh_and_drops_or_folds_the_rest():
 
 
 def test_a_straggler_slows_sync_and_backup_workers_hide_it():
-    slow = {"1": 4.0}  # worker 1 computes 4x as long
+    slow = {"1": 4.0}  # worker 1's steps take 4x as long
     sync = simulate(cfg(workers=4, mode="sync", stragglers=slow), FIXED)
     backup = simulate(cfg(workers=4, mode="backup", k=3, stragglers=slow), FIXED)
     plain = simulate(cfg(workers=4, mode="sync"), FIXED)
     # every update waits for the straggler, which sleeps its delay after pushing (as
-    # worker.py does): a round is its pull, compute, push and sleep
-    round_s = 0.001 + 0.004 + 0.002 + 3 * 0.004
+    # worker.py does: in sync the factor stretches its compute and push, 6 ms, into 4x): a
+    # round is its pull and 4x that
+    round_s = 0.001 + 4 * (0.004 + 0.002)
     # (the first round decides on all four pushes at once; later, the others' come earlier)
     assert np.diff(sync.update_t)[1:].tolist() == pytest.approx([round_s] * 198)
     assert backup.updates_per_s > 0.9 * plain.updates_per_s

@@ -10,7 +10,9 @@ same protocol rules, simulated time instead of processes, so 1,000 workers fit o
 What is simulated, as the engine does it (helpers/cluster/ps.py and worker.py):
 - a worker step: wait for a token (sync, SSP, backup), pull the parameters (every n_fetch-th
   step, Downpour; the version is read on the PS half-way through the pull), compute a gradient
-  on a core, push (every n_push-th step), then sleep a straggler's delay (no core);
+  on a core, push (every n_push-th step), then sleep a straggler's delay (no core), drawn as
+  worker.py draws it: a slowdown factor stretches the step's call (pull, compute and push;
+  in sync, SSP and backup, whose pull holds the wait for the token, compute and push);
 - async: each push applies under the next ticket, one at a time on the PS; its staleness is the
   updates applied since the worker read the parameters;
 - sync and backup: PS task 0's loop takes the pushes in arrival order, decides with
@@ -18,10 +20,14 @@ What is simulated, as the engine does it (helpers/cluster/ps.py and worker.py):
   protocol.fold_weights), applies an update, and hands a token to every worker whose push it
   has seen once the version has moved past what that worker read;
 - SSP: the loop applies every push and hands out the tokens protocol.SSPGate frees;
-- P PS tasks: an update's apply is split over them, each on a core, plus a fixed cost per
-  update for coordinating them; PS task 0 alone decides;
-- shared cores: with Costs.cores set, computing and applying wait for one of that many cores
-  (first come, first served), as a run's processes contend on a small machine.
+- the PS's own work per worker step (serving its pull, taking its push: Costs.serve_s) is done
+  by each PS task one request at a time, so one PS saturates as workers are added;
+- P PS tasks: a step's serving and an update's apply are split over them, each on a core, plus a
+  fixed cost per update for coordinating them; PS task 0 alone decides;
+- shared cores: with Costs.cores set, everything a process does (a worker's pull, compute and
+  push, the PS's serving and applying, and Costs.background_s per step off the step's path)
+  waits for one of that many cores (first come, first served), as a run's processes contend on
+  a small machine.
 
 SimPy runs the events: a well-kept discrete-event library whose processes are Python
 generators, so a worker's loop reads as the engine's does; its overhead per event (a few
@@ -49,9 +55,11 @@ class Costs:
 
     compute_s: float | dict  # a worker's gradient on one batch; a dict: per worker
     compute_cv: float = 0.0  # per-step noise: lognormal with this coefficient of variation
-    pull_s: float = 0.0  # one pull of the parameters, every PS task together
-    push_s: float = 0.0  # one push's transfer
+    pull_s: float = 0.0  # one pull of the parameters, every PS task together (worker's side)
+    push_s: float = 0.0  # one push's transfer (worker's side)
+    serve_s: float = 0.0  # the PS's work per worker step: half serving a pull, half a push
     apply_s: float = 0.0  # applying one update's gradients, on one PS task
+    background_s: float = 0.0  # CPU per worker step off the step's path (shared cores only)
     shard_s: float = 0.0  # per update, with P > 1 PS tasks: coordinating them
     decide_s: float = 0.0  # PS task 0's bookkeeping per push (sync, SSP, backup)
     cores: int | None = None  # cores the run's processes share (None: a core each)
@@ -60,7 +68,16 @@ class Costs:
         values = self.compute_s.values() if isinstance(self.compute_s, dict) else [self.compute_s]
         for name, value in [("compute_s", v) for v in values] + [
             (n, getattr(self, n))
-            for n in ("compute_cv", "pull_s", "push_s", "apply_s", "shard_s", "decide_s")
+            for n in (
+                "compute_cv",
+                "pull_s",
+                "push_s",
+                "serve_s",
+                "apply_s",
+                "background_s",
+                "shard_s",
+                "decide_s",
+            )
         ]:
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"Costs.{name} must be a number of seconds >= 0, got {value!r}")
@@ -109,7 +126,8 @@ class _Sim:
         self.cfg, self.costs, self.ps = cfg, costs, ps
         self.env = simpy.Environment()
         self.cores = simpy.Resource(self.env, costs.cores) if costs.cores else None
-        self.ps_loop = simpy.Resource(self.env, 1)  # async: the PS applies one at a time
+        # each PS task serves and applies one request at a time
+        self.ps_tasks = [simpy.Resource(self.env, 1) for _ in range(ps)]
         self.inbox: deque = deque()  # sync, SSP, backup: PS task 0's push queue
         self.ps_idle: simpy.Event | None = None  # PS task 0 waiting for a push
         self.over = self.env.event()
@@ -151,10 +169,10 @@ class _Sim:
             self.draws[w] = iter(draws.tolist())
             return next(self.draws[w])
 
-    def _delay_s(self, w: int, compute_s: float) -> float:
+    def _delay_s(self, w: int, step_s: float) -> float:
         """A straggler's extra sleep, drawn by worker.py's rule."""
         spec = self.cfg.stragglers.get(str(w), self.cfg.stragglers.get(w))
-        return protocol.straggler_delay(spec, compute_s, self.rng[w])
+        return protocol.straggler_delay(spec, step_s, self.rng[w])
 
     def _on_core(self, seconds: float):
         """Hold a core (when cores are shared) for `seconds`."""
@@ -165,16 +183,35 @@ class _Sim:
             yield req
             yield self.env.timeout(seconds)
 
+    def _on_task(self, j: int, seconds: float):
+        """PS task j's work: one request at a time, on a core when cores are shared."""
+        with self.ps_tasks[j].request() as req:
+            yield req
+            yield from self._on_core(seconds)
+
+    def _on_ps(self, seconds: float, coordinate: bool = False):
+        """Work of the whole PS, split over its tasks (in parallel), plus their coordination
+        per update (`coordinate`) when there are several. No work takes no turn."""
+        if seconds <= 0 and not (coordinate and self.ps > 1 and self.costs.shard_s):
+            return
+        if self.ps == 1:
+            yield from self._on_task(0, seconds)
+            return
+        parts = [self.env.process(self._on_task(j, seconds / self.ps)) for j in range(self.ps)]
+        yield self.env.all_of(parts)
+        if coordinate and self.costs.shard_s:
+            yield self.env.timeout(self.costs.shard_s)
+
     def _apply(self):
         """One update's apply: split over the PS tasks, each on a core, plus coordination."""
-        c = self.costs
+        yield from self._on_ps(self.costs.apply_s, coordinate=True)
+
+    def _worker_cpu(self, seconds: float):
+        """The worker's side of a transfer: on a core when cores are shared."""
         if self.cores is None:
-            yield self.env.timeout(c.apply_s / self.ps + (c.shard_s if self.ps > 1 else 0.0))
-            return
-        parts = [self.env.process(self._on_core(c.apply_s / self.ps)) for _ in range(self.ps)]
-        yield self.env.all_of(parts)
-        if c.shard_s:
-            yield self.env.timeout(c.shard_s)
+            yield self.env.timeout(seconds)
+        else:
+            yield from self._on_core(seconds)
 
     # ------------------------------------------------------------------ the worker
     def worker(self, w: int):
@@ -197,25 +234,33 @@ class _Sim:
                 self.credits[w] -= 1
             fetch, push = downpour.fetch(step), downpour.accumulate()
             compute = self._compute_s(w)
-            delay = self._delay_s(w, compute)
+            called = env.now
             pull = c.pull_s if fetch else 0.0
-            if self.cores is None:
+            if self.cores is None and not c.serve_s:
                 # pull, compute and push as one event: the version read half-way through the
                 # pull (on the PS, as the token is taken) is looked up in the updates' times
                 read_at = env.now + pull / 2
                 yield env.timeout(pull + compute + c.push_s * push)
+                if waits:
+                    called += pull
                 if fetch:
                     read = bisect_right(self.update_t, read_at)
             else:
                 if fetch:
                     if pull:
-                        yield env.timeout(pull / 2)
+                        yield from self._worker_cpu(pull / 2)
+                    if c.serve_s:  # the PS takes the request in turn (the version it reads)
+                        yield from self._on_ps(c.serve_s / 2)
                     read = self.version
                     if pull:
-                        yield env.timeout(pull / 2)
+                        yield from self._worker_cpu(pull / 2)
+                if waits:
+                    called = env.now
                 yield from self._on_core(compute)
                 if push and c.push_s:
-                    yield env.timeout(c.push_s)
+                    yield from self._worker_cpu(c.push_s)
+                if push and c.serve_s and cfg.mode != "async":  # async: with its apply
+                    yield from self._on_ps(c.serve_s / 2)
             if self.over.triggered:
                 return
             if push:
@@ -223,9 +268,13 @@ class _Sim:
                     yield from self._apply_async(w, step, read)
                 else:
                     self._send(protocol.Push(w, step, read))
+            if c.background_s and self.cores is not None:
+                env.process(self._on_core(c.background_s))
             self.steps[w] += 1
             step += 1
-            if delay:  # a straggler sleeps after its step, as worker.py's _delay does
+            # a straggler sleeps after its step's call, as worker.py's _delay does
+            delay = self._delay_s(w, env.now - called)
+            if delay:
                 yield env.timeout(delay)
 
     def _send(self, item) -> None:
@@ -238,9 +287,7 @@ class _Sim:
     def _apply_async(self, w: int, step: int, read: int):
         ticket = self.ticket  # numbered as the pushes arrive
         self.ticket += 1
-        with self.ps_loop.request() as req:
-            yield req
-            yield from self._apply()
+        yield from self._on_ps(self.costs.serve_s / 2 + self.costs.apply_s, coordinate=True)
         if self.version < self.cfg.steps:
             self.stale.append(protocol.staleness(read, ticket))
             self._updated()
