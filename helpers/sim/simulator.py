@@ -22,8 +22,10 @@ What is simulated, as the engine does it (helpers/cluster/ps.py and worker.py):
 - SSP: the loop applies every push and hands out the tokens protocol.SSPGate frees;
 - the PS's own work per worker step (serving its pull, taking its push: Costs.serve_s) is done
   by each PS task one request at a time, so one PS saturates as workers are added;
-- P PS tasks: a step's serving and an update's apply are split over them, each on a core, plus a
-  fixed cost per update for coordinating them; PS task 0 alone decides;
+- P PS tasks: a step's serving and an update's apply are split over them, each on a core,
+  except the share of the serving every task pays per request, one task after another
+  (Costs.serve_fixed: a round trip each), plus a fixed cost per update for coordinating them;
+  PS task 0 alone decides;
 - shared cores: with Costs.cores set, everything a process does (a worker's pull, compute and
   push, the PS's serving and applying, and Costs.background_s per step off the step's path)
   waits for one of that many cores (first come, first served), as a run's processes contend on
@@ -58,6 +60,7 @@ class Costs:
     pull_s: float = 0.0  # one pull of the parameters, every PS task together (worker's side)
     push_s: float = 0.0  # one push's transfer (worker's side)
     serve_s: float = 0.0  # the PS's work per worker step: half serving a pull, half a push
+    serve_fixed: float = 0.0  # the share of it every PS task pays when sharded (per request)
     apply_s: float = 0.0  # applying one update's gradients, on one PS task
     background_s: float = 0.0  # CPU per worker step off the step's path (shared cores only)
     shard_s: float = 0.0  # per update, with P > 1 PS tasks: coordinating them
@@ -73,6 +76,7 @@ class Costs:
                 "pull_s",
                 "push_s",
                 "serve_s",
+                "serve_fixed",
                 "apply_s",
                 "background_s",
                 "shard_s",
@@ -81,6 +85,8 @@ class Costs:
         ]:
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"Costs.{name} must be a number of seconds >= 0, got {value!r}")
+        if self.serve_fixed > 1:
+            raise ValueError(f"Costs.serve_fixed is a share, 0 to 1, got {self.serve_fixed!r}")
         if self.cores is not None and (not isinstance(self.cores, int) or self.cores < 1):
             raise ValueError(f"Costs.cores must be None or an integer >= 1, got {self.cores!r}")
 
@@ -111,6 +117,10 @@ class SimResult:
     wait_s: dict  # worker -> seconds spent waiting for a token
     dead: list = field(default_factory=list)  # workers killed by a fault
     error: str | None = None  # why the run could not finish (sync after a lost worker)
+    # with numerics: [(simulated s, version, test accuracy)] every eval_every updates, and
+    # the final parameters' test accuracy
+    accuracy: list = field(default_factory=list)
+    test_accuracy: float | None = None
 
     @property
     def updates_per_s(self) -> float:
@@ -122,8 +132,9 @@ class SimResult:
 
 
 class _Sim:
-    def __init__(self, cfg: protocol.RunConfig, costs: Costs, ps: int, seed: int):
-        self.cfg, self.costs, self.ps = cfg, costs, ps
+    def __init__(self, cfg: protocol.RunConfig, costs: Costs, ps: int, seed: int, numerics=None):
+        self.cfg, self.costs, self.ps, self.numerics = cfg, costs, ps, numerics
+        self.read_of = {w: 0 for w in cfg.worker_ids}  # the version each worker last read
         self.env = simpy.Environment()
         self.cores = simpy.Resource(self.env, costs.cores) if costs.cores else None
         # each PS task serves and applies one request at a time
@@ -189,22 +200,35 @@ class _Sim:
             yield req
             yield from self._on_core(seconds)
 
-    def _on_ps(self, seconds: float, coordinate: bool = False):
-        """Work of the whole PS, split over its tasks (in parallel), plus their coordination
-        per update (`coordinate`) when there are several. No work takes no turn."""
-        if seconds <= 0 and not (coordinate and self.ps > 1 and self.costs.shard_s):
+    def _on_ps(self, split: float, each: float = 0.0, coordinate: bool = False):
+        """Work of the whole PS: `split` seconds shared out over its tasks, in parallel, and
+        `each` on every task, one task after another (a request's round trip: with the
+        parameters sharded a step's call first reads the version on task 0, then the pieces,
+        and an update is coordinated from task 0), plus their coordination per update
+        (`coordinate`) when there are several. No work takes no turn."""
+        if split + each <= 0 and not (coordinate and self.ps > 1 and self.costs.shard_s):
             return
         if self.ps == 1:
-            yield from self._on_task(0, seconds)
+            yield from self._on_task(0, split + each)
             return
-        parts = [self.env.process(self._on_task(j, seconds / self.ps)) for j in range(self.ps)]
-        yield self.env.all_of(parts)
+        if each:
+            for j in range(self.ps):
+                yield from self._on_task(j, each)
+        if split:
+            parts = [self.env.process(self._on_task(j, split / self.ps)) for j in range(self.ps)]
+            yield self.env.all_of(parts)
         if coordinate and self.costs.shard_s:
             yield self.env.timeout(self.costs.shard_s)
 
     def _apply(self):
         """One update's apply: split over the PS tasks, each on a core, plus coordination."""
         yield from self._on_ps(self.costs.apply_s, coordinate=True)
+
+    def _serve(self, extra: float = 0.0, coordinate: bool = False):
+        """Half a step's serving (a pull, or a push with `extra` apply), its fixed share paid
+        by every PS task."""
+        half, fixed = self.costs.serve_s / 2, self.costs.serve_fixed
+        yield from self._on_ps(half * (1 - fixed) + extra, half * fixed, coordinate)
 
     def _worker_cpu(self, seconds: float):
         """The worker's side of a transfer: on a core when cores are shared."""
@@ -245,13 +269,14 @@ class _Sim:
                     called += pull
                 if fetch:
                     read = bisect_right(self.update_t, read_at)
+                    self.read_of[w] = read
             else:
                 if fetch:
                     if pull:
                         yield from self._worker_cpu(pull / 2)
                     if c.serve_s:  # the PS takes the request in turn (the version it reads)
-                        yield from self._on_ps(c.serve_s / 2)
-                    read = self.version
+                        yield from self._serve()
+                    read = self.read_of[w] = self.version
                     if pull:
                         yield from self._worker_cpu(pull / 2)
                 if waits:
@@ -260,7 +285,7 @@ class _Sim:
                 if push and c.push_s:
                     yield from self._worker_cpu(c.push_s)
                 if push and c.serve_s and cfg.mode != "async":  # async: with its apply
-                    yield from self._on_ps(c.serve_s / 2)
+                    yield from self._serve()
             if self.over.triggered:
                 return
             if push:
@@ -287,9 +312,11 @@ class _Sim:
     def _apply_async(self, w: int, step: int, read: int):
         ticket = self.ticket  # numbered as the pushes arrive
         self.ticket += 1
-        yield from self._on_ps(self.costs.serve_s / 2 + self.costs.apply_s, coordinate=True)
+        yield from self._serve(self.costs.apply_s, coordinate=True)
         if self.version < self.cfg.steps:
             self.stale.append(protocol.staleness(read, ticket))
+            if self.numerics is not None:
+                self.numerics.update([protocol.Push(w, step, read)], [1.0], self.env.now)
             self._updated()
 
     def _die(self, w: int) -> None:
@@ -305,6 +332,8 @@ class _Sim:
     def _updated(self) -> None:
         self.version += 1
         self.update_t.append(self.env.now)
+        if self.numerics is not None and self.version % len(self.read_of) == 0:
+            self.numerics.prune(min(self.read_of[w] for w in self.live) if self.live else 0)
         if self.version >= self.cfg.steps and not self.over.triggered:
             self.over.succeed()
 
@@ -334,6 +363,8 @@ class _Sim:
                 before = self.version
                 yield from self._apply()
                 self.stale.append(protocol.staleness(push.version, before))
+                if self.numerics is not None:
+                    self.numerics.update([push], [1.0], self.env.now)
                 self._updated()
                 for w, _, _ in self.gate.pushed(push.worker):
                     self._hand(w)
@@ -346,6 +377,8 @@ class _Sim:
                 yield from self._apply()
                 self.folded += update.fresh.count(False)
                 self.stale.extend(before - p.version for p in update.pushes)
+                if self.numerics is not None:
+                    self.numerics.update(update.pushes, update.weights, self.env.now)
                 self._updated()
             self.owed.owe(push.worker, push.version)
             if self.version < cfg.steps:  # ps.py's _owe_tokens
@@ -391,12 +424,17 @@ class _Sim:
             wait_s=self.wait_s,
             dead=self.dead,
             error=self.error,
+            accuracy=self.numerics.accuracy if self.numerics is not None else [],
+            test_accuracy=self.numerics.test_accuracy() if self.numerics is not None else None,
         )
 
 
-def simulate(cfg: protocol.RunConfig, costs: Costs, ps: int = 1, seed: int = 0) -> SimResult:
+def simulate(
+    cfg: protocol.RunConfig, costs: Costs, ps: int = 1, seed: int = 0, numerics=None
+) -> SimResult:
     """Simulate one run of `cfg` (a validated protocol.RunConfig) with these costs on `ps` PS
-    tasks; the same seed gives the same result."""
+    tasks; the same seed gives the same result. `numerics`: a helpers.sim.numerics.Numerics
+    of the same configuration, to compute the gradients for real (accuracy), or None."""
     if ps < 1 or isinstance(ps, bool) or not isinstance(ps, int):
         raise ValueError(f"ps must be an integer >= 1, got {ps!r}")
     protocol.validate(cfg)
@@ -409,4 +447,6 @@ def simulate(cfg: protocol.RunConfig, costs: Costs, ps: int = 1, seed: int = 0) 
             "checkpoints, resumes and PS faults are not simulated yet: drop checkpoint_every, "
             "resume and the 'ps' faults from the configuration"
         )
-    return _Sim(cfg, costs, ps, seed).run()
+    if numerics is not None and numerics.cfg is not cfg:
+        raise ValueError("numerics must be made from the same configuration: Numerics(cfg)")
+    return _Sim(cfg, costs, ps, seed, numerics).run()

@@ -1,0 +1,97 @@
+"""The simulator's numerics: real gradients on the versions the simulated workers read, in the
+simulated order. One async worker must be plain SGD over its own batches (checked against an
+independent loop); several learn, with stale gradients, deterministically; what is not
+simulated numerically is refused by name."""
+
+import numpy as np
+import pytest
+
+from helpers.cluster import protocol
+from helpers.sim.numerics import Numerics
+from helpers.sim.simulator import Costs, simulate
+
+FIXED = Costs(compute_s=0.004, pull_s=0.001, push_s=0.001, apply_s=0.0005)
+
+
+def cfg(**kw):
+    kw.setdefault("steps", 60)
+    kw.setdefault("train_size", 2000)
+    kw.setdefault("test_size", 500)
+    return protocol.validate(protocol.RunConfig(**kw))
+
+
+def test_one_async_worker_is_plain_sgd_over_its_batches(shared_data):
+    """Independently: the same first parameters, the worker's batches drawn by its own rule
+    (a permutation per pass from default_rng([seed, worker])), one SGD step each."""
+    import keras
+    import tensorflow as tf
+
+    from helpers.data import arrays
+    from helpers.training import models
+
+    c = cfg(workers=1, mode="async", lr=0.2)
+    num = Numerics(c)
+    simulate(c, FIXED, numerics=num)
+    x, y, _, _, classes = arrays.load_arrays(c.data, c.train_size, c.test_size, c.seed)
+    model = models.build(c.model, x.shape[1:], classes, c.seed)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng([c.seed, 0])
+    order, pos = rng.permutation(len(x)), 0
+    for _ in range(c.steps):
+        if pos + c.batch_size > len(x):
+            order, pos = rng.permutation(len(x)), 0
+        idx = order[pos : pos + c.batch_size]
+        pos += c.batch_size
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[idx], model(x[idx], training=True))
+        for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables)):
+            v.assign_sub(c.lr * g)
+    assert num.version == c.steps
+    for mine, theirs in zip(num.params[num.version], model.trainable_variables):
+        np.testing.assert_allclose(mine, theirs.numpy(), atol=1e-5)
+
+
+def test_several_workers_learn_on_stale_versions_the_same_way_each_time(shared_data):
+    c = cfg(workers=4, mode="async", steps=200)
+    a = simulate(c, FIXED, numerics=Numerics(c, eval_every=50))
+    b = simulate(c, FIXED, numerics=Numerics(c, eval_every=50))
+    assert a.staleness.max() >= 1  # the gradients really were computed on older versions
+    assert a.test_accuracy == b.test_accuracy and a.accuracy == b.accuracy
+    assert [v for _, v, _ in a.accuracy] == [50, 100, 150, 200]
+    times = [t for t, _, _ in a.accuracy]
+    assert times == sorted(times) and times[-1] == pytest.approx(a.seconds)
+    assert a.test_accuracy > 0.75 and a.accuracy[-1][2] > a.accuracy[0][2] - 0.05
+
+
+def test_backup_folds_and_sync_averages_with_the_protocols_weights(shared_data):
+    for mode, extra in (("sync", {}), ("backup", {"k": 2, "stale": "fold"})):
+        c = cfg(workers=3, mode=mode, **extra)
+        num = Numerics(c)
+        r = simulate(c, FIXED, numerics=num)
+        assert num.version == r.updates == c.steps and r.test_accuracy > 0.7, mode
+    assert r.folded > 0
+
+
+def test_only_versions_a_worker_may_still_push_against_are_kept(shared_data):
+    c = cfg(workers=8, mode="async", steps=400)
+    num = Numerics(c)
+    simulate(c, FIXED, numerics=num)
+    assert len(num.params) <= 3 * 8, len(num.params)
+
+
+@pytest.mark.parametrize(
+    "kw,named",
+    [({"n_fetch": 2}, "n_fetch=2"), ({"compress": "float16"}, "compress='float16'")],
+)
+def test_what_numerics_cannot_follow_is_refused_by_name(kw, named, shared_data):
+    with pytest.raises(ValueError, match=named):
+        Numerics(cfg(workers=2, mode="async", **kw))
+
+
+def test_numerics_of_another_configuration_or_a_bad_eval_every_are_refused(shared_data):
+    c = cfg(workers=2, mode="async")
+    with pytest.raises(ValueError, match="eval_every must be an integer >= 0, got -1"):
+        Numerics(c, eval_every=-1)
+    other = cfg(workers=2, mode="async")
+    with pytest.raises(ValueError, match="the same configuration"):
+        simulate(c, FIXED, numerics=Numerics(other))
