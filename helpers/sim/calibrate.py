@@ -1,0 +1,253 @@
+"""The simulator's costs, measured on one real run: `calibrate(run)` -> Calibration.
+
+What a run's record gives (its training window only, after the warm-up):
+- from the step stamps (events.StepStamps, cut into phases as the timeline cuts them): each
+  worker's compute time per step (median) with its own Python between two steps (its loop and
+  log, less a straggler's sleep), how much the compute varies (the median of the workers'
+  coefficients of variation), and the median pull and push of the steps that fetched and pushed;
+- from the launcher's CPU samples of every process: the run's CPU seconds per worker step, the
+  PS tasks' among them.
+
+The model those figures are fitted to, and why: on this machine a step's pull and push are
+mostly the PS's time, taken one request at a time. Adding workers to async logistic regression
+(1 PS task, 2 cores) raised the steps per second little (435, 449 and 542 with 1, 2 and 4
+workers in one measured series) while every pull and push grew. So the pull and the push are
+the PS's work on the step (Costs.serve_s), in turn, on a core; the compute is the worker's, on
+a core; the CPU the run used beyond those is spent off the step's path (background_s: logging,
+the runtime's threads).
+
+The stamps of a run whose workers queue at the PS include that queueing. So the phases are
+scaled by one factor, fitted so that the simulator, run on the calibration run's own
+configuration with the machine's cores shared, gives that run's steps per second.
+
+What one run cannot tell apart is said in the table, not guessed: the apply of an update is in
+the PS's work per step (apply_s stays 0), and so is PS task 0's decision (decide_s stays 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from helpers.cluster import protocol
+from helpers.cluster.events import Kind, StepStamps
+from helpers.sim.simulator import Costs, simulate
+
+MIN_STEPS = 200  # worker steps in the training window
+MIN_SECONDS = 2.0  # the CPU samples come every 0.5 s
+FIXED_SHARES = np.round(np.arange(0.0, 1.01, 0.05), 2)  # serve_fixed, tried in turn
+SCALES = np.geomspace(0.2, 4.0, 32)  # the phases' factor, tried in turn (10 % apart)
+
+
+@dataclass
+class Calibration:
+    """Costs fitted to one run, with the figures they came from."""
+
+    costs: Costs
+    run_id: str
+    mode: str
+    workers: int
+    ps: int
+    steps: int  # worker steps in the training window
+    steps_per_s: float  # measured
+    simulated_steps_per_s: float  # the simulator on the same configuration, with `costs`
+    scale: float  # the factor the measured phases were scaled by
+    per_worker: dict  # worker -> its median compute (with its own Python), before scaling
+    cpu_per_step_s: float  # every process of the run, per worker step
+    ps_cpu_per_step_s: float  # the PS tasks', per worker step
+    sharded_from: str | None = None  # the sharded run serve_fixed was fitted on
+
+    def table(self):
+        """Each fitted figure, its value, and what it was measured from (a DataFrame)."""
+        import pandas as pd
+
+        c = self.costs
+        src = f"{self.run_id} ({self.mode}, {self.workers} workers, {self.ps} PS)"
+        scaled = f"x {self.scale:.2f} (fitted)"
+        rows = [
+            (f"compute, worker {w} (ms)", 1e3 * v, f"median of its steps, {src}")
+            for w, v in sorted(self.per_worker.items())
+        ]
+        rows += [
+            ("compute, every worker (ms)", 1e3 * c.compute_s, f"median of the above {scaled}"),
+            ("compute variation (CV)", c.compute_cv, f"median over the workers, {src}"),
+            (
+                "PS work per step (ms)",
+                1e3 * c.serve_s,
+                f"median pull + median push {scaled}, one request at a time",
+            ),
+            (
+                "PS work every task pays (share)",
+                c.serve_fixed,
+                f"fitted on {self.sharded_from}"
+                if self.sharded_from
+                else "no sharded run given: assumed 0 (the work splits over the tasks)",
+            ),
+            ("PS apply per update (ms)", 1e3 * c.apply_s, "not separable from one run: above"),
+            ("PS decision per push (ms)", 1e3 * c.decide_s, "not separable from one run: above"),
+            (
+                "off the step's path (ms)",
+                1e3 * c.background_s,
+                "the run's CPU per step, less the PS's work and the compute",
+            ),
+            ("CPU per step, all (ms)", 1e3 * self.cpu_per_step_s, f"every process's CPU, {src}"),
+            ("CPU per step, PS (ms)", 1e3 * self.ps_cpu_per_step_s, f"the PS tasks' CPU, {src}"),
+            ("shared cores", c.cores, "this machine's logical cores"),
+            ("steps/s, measured", self.steps_per_s, f"{self.steps} worker steps, {src}"),
+            ("steps/s, simulated", self.simulated_steps_per_s, "the same configuration, fitted"),
+        ]
+        return pd.DataFrame(rows, columns=["figure", "value", "measured from"])
+
+
+def _phases(stamps) -> dict[str, float]:
+    took = {"pull": 0.0, "compute": 0.0, "push": 0.0}
+    for name, start, end in StepStamps(*stamps).phases():
+        if name in took:
+            took[name] += end - start
+    return took
+
+
+def _per_worker(steps, phases) -> tuple[dict, list]:
+    """Each worker's median compute with its own Python between two steps, and the
+    coefficients of variation of the workers' compute."""
+    compute, cvs = {}, []
+    for w, rows in steps.groupby("worker"):
+        mine = np.flatnonzero(steps.worker.to_numpy() == w)
+        took = np.array([phases[i]["compute"] for i in mine])
+        st = [StepStamps(*x) for x in rows.stamps]
+        # the worker's own Python between two steps (its loop, its log), less a straggler's
+        # sleep: on its core like the compute, so counted with it
+        gaps = [b.waiting - a.returned - d for a, b, d in zip(st, st[1:], rows.delay_s)]
+        between = max(0.0, float(np.median(gaps))) if gaps else 0.0
+        compute[int(w)] = float(np.median(took)) + between
+        if len(took) > 1 and took.mean() > 0:
+            cvs.append(float(took.std() / took.mean()))
+    return compute, cvs
+
+
+def _steps_per_s(cfg, costs, ps: int) -> float:
+    result = simulate(cfg, costs, ps=ps)
+    return sum(result.steps.values()) / result.seconds if result.seconds else float("nan")
+
+
+def _trained(run):
+    """The run's worker steps in its training window, and their rate; refuses a run too
+    short to measure."""
+    cfg, ev = run.config, run.events
+    start, end = run.training_window()
+    steps = ev[(ev.kind == Kind.STEP) & (ev.t > start) & (ev.t <= end)]
+    if len(steps) < MIN_STEPS or end - start < MIN_SECONDS:
+        raise ValueError(
+            f"run {cfg.run_id!r} trained {len(steps)} worker steps in {end - start:.1f} s: "
+            f"calibrate on a run of at least {MIN_STEPS} steps and {MIN_SECONDS:.0f} s "
+            f"(more steps=...)"
+        )
+    return steps, len(steps) / (end - start)
+
+
+def _sim_config(cfg):
+    """The run's configuration, simulated over at most 1,000 updates (enough for a rate)."""
+    return protocol.validate(
+        protocol.RunConfig(**{**cfg.to_dict(), "steps": max(200, min(cfg.steps, 1000))})
+    )
+
+
+def _fit_fixed_share(costs: Costs, sharded) -> Costs:
+    """Costs.serve_fixed fitted on a run with the parameters on several PS tasks: the share
+    of a step's serving every task pays, so that the simulator gives that run's rate."""
+    if sharded.ps_tasks < 2:
+        raise ValueError(
+            f"sharded run {sharded.config.run_id!r} had its parameters on 1 PS task: give a "
+            f"run of LocalCluster(ps=2) or more, or sharded=None"
+        )
+    _, measured = _trained(sharded)
+    cfg = _sim_config(sharded.config)
+    fits = [
+        (abs(_steps_per_s(cfg, replace(costs, serve_fixed=f), sharded.ps_tasks) / measured - 1), f)
+        for f in FIXED_SHARES
+    ]
+    return replace(costs, serve_fixed=float(min(fits)[1]))
+
+
+def calibrate(run, cores: int | None = None, sharded=None) -> Calibration:
+    """Fit the simulator's Costs to one run of a LocalCluster (a cluster.run.Run).
+
+    Args:
+        run: the real run (its events and the launcher's CPU samples).
+        cores: the cores its processes shared; default: this machine's logical cores.
+        sharded: optionally, a run of the same model with the parameters on several PS
+            tasks, to fit the share of the PS's work each task pays whatever its part of the
+            parameters (Costs.serve_fixed; without it, 0: the work splits evenly).
+    Raises:
+        ValueError: a run is too short to measure (fewer than MIN_STEPS worker steps or
+            MIN_SECONDS of training), has no CPU samples (a run on other hosts), or the
+            sharded run had one PS task.
+    """
+    import psutil
+
+    cfg = run.config
+    steps, measured = _trained(run)
+    cpu = run.cpu_seconds()
+    ps_names = [f"ps:{j}" for j in range(run.ps_tasks)]
+    names = ps_names + [f"worker:{w}" for w in cfg.worker_ids]
+    missing = [n for n in names if not math.isfinite(cpu.get(n, math.nan))]
+    if missing:
+        raise ValueError(
+            f"run {cfg.run_id!r} has no CPU samples of {', '.join(missing)} over its training: "
+            f"calibrate on a run made on this machine (LocalCluster without a placement)"
+        )
+    n = len(steps)
+    phases = [_phases(s) for s in steps.stamps]
+    compute, cvs = _per_worker(steps, phases)
+    fetched = steps.fetched.to_numpy(dtype=bool)
+    pushed = steps.pushed.to_numpy(dtype=bool)
+    pull = float(np.median([p["pull"] for p, f in zip(phases, fetched) if f] or [0.0]))
+    push = float(np.median([p["push"] for p, f in zip(phases, pushed) if f] or [0.0]))
+    ps_cpu = sum(cpu[j] for j in ps_names) / n
+    cpu_per_step = sum(cpu[k] for k in names) / n
+    sim_cfg = _sim_config(cfg)
+
+    def costs_at(scale: float) -> Costs:
+        typical = float(np.median(list(compute.values())))
+        return Costs(
+            compute_s=scale * typical,
+            compute_cv=float(np.median(cvs)) if cvs else 0.0,
+            serve_s=scale * (pull + push),
+            background_s=max(0.0, cpu_per_step - scale * (pull + push + typical)),
+            cores=cores or psutil.cpu_count(logical=True),
+        )
+
+    fits = [
+        (abs(_steps_per_s(sim_cfg, costs_at(s), run.ps_tasks) / measured - 1), s) for s in SCALES
+    ]
+    _, scale = min(fits)
+    costs = costs_at(float(scale))
+    if sharded is not None:
+        costs = _fit_fixed_share(costs, sharded)
+    return Calibration(
+        costs=costs,
+        run_id=cfg.run_id,
+        mode=cfg.mode,
+        workers=cfg.workers,
+        ps=run.ps_tasks,
+        steps=n,
+        steps_per_s=measured,
+        simulated_steps_per_s=_steps_per_s(sim_cfg, costs, run.ps_tasks),
+        scale=float(scale),
+        per_worker=compute,
+        cpu_per_step_s=cpu_per_step,
+        ps_cpu_per_step_s=ps_cpu,
+        sharded_from=(
+            f"{sharded.config.run_id} ({sharded.config.mode}, {sharded.config.workers} workers, "
+            f"{sharded.ps_tasks} PS)"
+            if sharded is not None
+            else None
+        ),
+    )
+
+
+def with_costs(calibration: Calibration, **changes) -> Costs:
+    """The calibrated costs with some figures changed (a bigger model, more cores)."""
+    return replace(calibration.costs, **changes)
