@@ -69,7 +69,11 @@ def test_backup_folds_and_sync_averages_with_the_protocols_weights(shared_data):
         num = Numerics(c)
         r = simulate(c, FIXED, numerics=num)
         assert num.version == r.updates == c.steps and r.test_accuracy > 0.7, mode
+        if mode == "sync":  # the mean of the N gradients: weights adding up to 1
+            assert num.weight_sums == pytest.approx([1.0] * c.steps)
     assert r.folded > 0
+    # folded late gradients lengthen the step, within the fold's bound (0.5 by default)
+    assert 1.0 < max(num.weight_sums) <= 1.5 + 1e-9
 
 
 def test_only_versions_a_worker_may_still_push_against_are_kept(shared_data):

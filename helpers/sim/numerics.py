@@ -26,9 +26,23 @@ the oldest a live worker has read, pruned every `workers` updates.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from helpers.cluster import protocol
+
+
+@functools.lru_cache(maxsize=2)
+def _arrays(data, train_size, test_size, seed):
+    """The run's training and test arrays, loaded once for every Numerics of the same data (a
+    notebook simulating many runs would otherwise hold a copy of MNIST per run)."""
+    from helpers.data import arrays
+
+    loaded = arrays.load_arrays(data, train_size, test_size, seed)
+    for a in loaded[:4]:
+        a.setflags(write=False)  # shared between runs: nobody may change them
+    return loaded
 
 
 class Numerics:
@@ -50,11 +64,10 @@ class Numerics:
         import keras
         import tensorflow as tf
 
-        from helpers.data import arrays
         from helpers.training import models
 
         self.cfg, self.eval_every = cfg, eval_every
-        x, y, self.x_test, self.y_test, classes = arrays.load_arrays(
+        x, y, self.x_test, self.y_test, classes = _arrays(
             cfg.data, cfg.train_size, cfg.test_size, cfg.seed
         )
         n = cfg.workers
@@ -69,6 +82,7 @@ class Numerics:
         self.version = 0
         self.oldest = 0
         self.accuracy: list[tuple[float, int, float]] = []
+        self.weight_sums: list[float] = []  # each update's total weight (1 + backup's fold)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         @tf.function(reduce_retracing=True)
@@ -131,6 +145,7 @@ class Numerics:
             [v.handle for v in self.velocity],
         )
         self.version += 1
+        self.weight_sums.append(float(sum(weights)))
         self.params[self.version] = [v.numpy() for v in variables]
         if self.eval_every and self.version % self.eval_every == 0:
             self.accuracy.append((now, self.version, self.test_accuracy()))
