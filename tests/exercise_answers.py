@@ -426,3 +426,58 @@ WRONG["nb08-ex4"] = _("""
 
     per_replica_batch(BATCH - BATCH % 3, 3)
 """)
+
+# ----------------------------------------------------------------------------- 09 Past the laptop
+SECOND["nb09-ex1"] = _("""
+    per_update = wide.serve_s + wide.apply_s  # the PS's seconds for one step, one at a time
+    ps_limit = 1.0 / per_update
+    busy = simulate(run_config(mode="async", workers=64, steps=3000, seed=1), wide, seed=3)
+    sim_rate_64 = busy.updates / busy.seconds
+""")
+WRONG["nb09-ex1"] = _("""
+    ps_limit = wide.serve_s + wide.apply_s  # seconds per update, left uninverted
+    sim_rate_64 = simulate(run_config(mode="async", workers=64, steps=2000), wide).updates_per_s
+""")
+
+SECOND["nb09-ex2"] = _("""
+    import math
+
+    def expected_round(n, base_s, mean_s):
+        harmonic = math.fsum(1.0 / k for k in range(1, n + 1))
+        return base_s + harmonic * mean_s
+
+    delays = {w: {"dist": "exponential", "mean": 0.004} for w in range(50)}
+    two = run_config(mode="sync", workers=50, steps=2, stragglers=delays)
+    second = []
+    for seed in range(200):
+        first, then = simulate(two, Costs(compute_s=0.002), seed=seed).update_t[:2]
+        second.append(then - first)
+    sim_round = float(sum(second) / len(second))
+""")
+WRONG["nb09-ex2"] = _("""
+    def expected_round(n, base_s, mean_s):
+        return base_s + n * mean_s  # every worker's delay in turn, as if they added up
+
+    delays = {w: {"dist": "exponential", "mean": 0.004} for w in range(50)}
+    two = run_config(mode="sync", workers=50, steps=2, stragglers=delays)
+    sim_round = sum(
+        simulate(two, Costs(compute_s=0.002), seed=s).seconds / 2 for s in range(200)
+    ) / 200
+""")
+
+SECOND["nb09-ex3"] = _("""
+    def predicted_staleness(n):
+        # in each round the i-th push (i = 0 .. n-1) follows i others: the mean of 0 .. n-1
+        return sum(range(n)) / n
+
+    run8 = simulate(run_config(mode="async", workers=8, steps=1200, seed=2), Costs(compute_s=0.004))
+    sim_staleness_8 = float(run8.staleness.mean())
+""")
+WRONG["nb09-ex3"] = _("""
+    def predicted_staleness(n):
+        return n - 1  # the last push of a round, not the mean
+
+    sim_staleness_8 = simulate(
+        run_config(mode="async", workers=8, steps=1000), Costs(compute_s=0.004)
+    ).mean_staleness
+""")

@@ -33,9 +33,9 @@ def test_every_test_reads_only_what_its_prompt_asks_for_or_the_lesson_gives(path
     assert exercises.contract_violations(path) == []
 
 
-def test_there_are_28_exercises_each_with_prompt_solution_and_test():
+def test_there_are_31_exercises_each_with_prompt_solution_and_test():
     found = all_exercises()
-    assert len(found) == 28
+    assert len(found) == 31
     for ex_id, (_path, ex) in found.items():
         assert ex.prompt and ex.solution_index is not None and ex.test_index is not None, ex_id
         assert ex.solution_index < ex.test_index, ex_id

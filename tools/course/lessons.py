@@ -40,6 +40,9 @@ POINTS: dict[str, int] = {
     "nb08-ex2-test": 2,
     "nb08-ex3-test": 2,
     "nb08-ex4-test": 2,
+    "nb09-ex1-test": 3,
+    "nb09-ex2-test": 3,
+    "nb09-ex3-test": 2,
 }
 
 # What a lesson reads from an earlier one: {notebook: [(earlier notebook, path under runs/)]}.
