@@ -1,7 +1,7 @@
 """Every exercise of the real lessons, graded through nbgrader: second answers get full points,
 wrong answers get 0 for exactly their exercise, and each notebook is graded on its own.
 
-Two students hand in all eight lessons, answered from tests/exercise_answers.py: `odd` gives
+Two students hand in every lesson, answered from tests/exercise_answers.py: `odd` gives
 the wrong answer to exercises 1, 3, ... and the second answer to 2, 4, ...; `even` the other
 way round. So every second answer and every wrong answer is graded once, each next to
 exercises of the other kind. A third student, `late`, hands in notebook 02 alone, renamed,
