@@ -54,13 +54,7 @@ def phases(run) -> dict:
     """Median seconds of a worker step's pull, compute and push (async: the push applies), as
     the timeline cuts a step (events.StepStamps.phases: a pull without the wait for a token)."""
     st = run.events[run.events.kind == Kind.STEP]
-    per_step = []
-    for stamps in st.stamps:
-        took = {"pull": 0.0, "compute": 0.0, "push": 0.0}
-        for name, start, end in StepStamps(*stamps).phases():
-            if name in took:
-                took[name] += end - start
-        per_step.append(took)
+    per_step = [StepStamps(*stamps).took() for stamps in st.stamps]
     return {
         f"{name}_s": float(np.median([t[name] for t in per_step]))
         for name in ("pull", "compute", "push")

@@ -75,3 +75,11 @@ class StepStamps(NamedTuple):
             ("push", end_of_compute, self.returned),
         ]
         return [(name, a, b) for name, a, b in spans if b > a]
+
+    def took(self) -> dict[str, float]:
+        """Seconds of the step's pull, compute and push (each phase's spans added up)."""
+        took = {"pull": 0.0, "compute": 0.0, "push": 0.0}
+        for name, start, end in self.phases():
+            if name in took:
+                took[name] += end - start
+        return took

@@ -50,6 +50,17 @@ def straggler_delay(spec, compute_s: float, rng) -> float:
     return (spec - 1) * compute_s
 
 
+def batches(rng, n: int, size: int):
+    """A worker's batches: indices into its n examples, `size` at a time, from a new
+    permutation drawn from `rng` each pass (the engine's worker and the simulator's numerics)."""
+    order, pos = rng.permutation(n), 0
+    while True:
+        if pos + size > n:
+            order, pos = rng.permutation(n), 0
+        yield order[pos : pos + size]
+        pos += size
+
+
 class SSPGate:
     """SSP's step tokens for a set of workers, kept incrementally: ssp_grants' rule, with the
     slowest live clock tracked as clocks advance (each by one) instead of a min over all

@@ -348,13 +348,7 @@ class WorkerLoop:
 
     def _batches(self):
         """Yield each step's batch (indices into the local data), a new permutation each pass."""
-        n, size = len(self.x), self.cfg.batch_size
-        order, pos = self.rng.permutation(n), 0
-        while True:
-            if pos + size > n:
-                order, pos = self.rng.permutation(n), 0
-            yield order[pos : pos + size]
-            pos += size
+        return protocol.batches(self.rng, len(self.x), self.cfg.batch_size)
 
     def _step_once(self, step: int, idx, waited, wait_s: float, token) -> Token:
         """Run step `step` on the batch `idx` and log it; return the token it ran under."""

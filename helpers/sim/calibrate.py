@@ -101,14 +101,6 @@ class Calibration:
         return pd.DataFrame(rows, columns=["figure", "value", "measured from"])
 
 
-def _phases(stamps) -> dict[str, float]:
-    took = {"pull": 0.0, "compute": 0.0, "push": 0.0}
-    for name, start, end in StepStamps(*stamps).phases():
-        if name in took:
-            took[name] += end - start
-    return took
-
-
 def _per_worker(steps, phases) -> tuple[dict, list]:
     """Each worker's median compute with its own Python between two steps, and the
     coefficients of variation of the workers' compute."""
@@ -199,7 +191,7 @@ def calibrate(run, cores: int | None = None, sharded=None) -> Calibration:
             f"calibrate on a run made on this machine (LocalCluster without a placement)"
         )
     n = len(steps)
-    phases = [_phases(s) for s in steps.stamps]
+    phases = [StepStamps(*s).took() for s in steps.stamps]
     compute, cvs = _per_worker(steps, phases)
     fetched = steps.fetched.to_numpy(dtype=bool)
     pushed = steps.pushed.to_numpy(dtype=bool)
@@ -209,8 +201,9 @@ def calibrate(run, cores: int | None = None, sharded=None) -> Calibration:
     cpu_per_step = sum(cpu[k] for k in names) / n
     sim_cfg = _sim_config(cfg)
 
+    typical = float(np.median(list(compute.values())))
+
     def costs_at(scale: float) -> Costs:
-        typical = float(np.median(list(compute.values())))
         return Costs(
             compute_s=scale * typical,
             compute_cv=float(np.median(cvs)) if cvs else 0.0,

@@ -94,15 +94,8 @@ class Numerics:
         self._gradient = gradient
 
     def _batches(self, w: int):
-        x, _ = self.data[w]
-        n, size = len(x), self.cfg.batch_size
         rng = np.random.default_rng([self.cfg.seed, w])
-        order, pos = rng.permutation(n), 0
-        while True:
-            if pos + size > n:
-                order, pos = rng.permutation(n), 0
-            yield order[pos : pos + size]
-            pos += size
+        return protocol.batches(rng, len(self.data[w][0]), self.cfg.batch_size)
 
     def _batch(self, w: int, step: int):
         """Worker w's batch of its step `step` (the batches of steps whose push no update took
