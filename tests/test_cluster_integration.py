@@ -28,7 +28,7 @@ from helpers.cluster.dashboard import render_html
 from helpers.cluster.events import StepStamps
 from helpers.cluster.runstate import RunState
 from helpers.system import netns
-from helpers.system.processes import log_tail
+from helpers.system.processes import hang, log_tail
 from helpers.training import compression
 from tests.process_cleanup import end_parent_and_pids
 
@@ -525,8 +525,11 @@ def test_resume_from_the_last_checkpoint_with_an_evaluator(cluster):
 
 def test_a_resumed_run_warms_up_under_start_timeout_not_stall_timeout(shared_data):
     """A resumed run's log begins with the earlier attempt's events, its JOINED among them:
-    until the workers join again, tracing their steps writes nothing, and that wait is
-    start_timeout's (120 s), not stall_timeout's (here 1 s, far less than a warm-up)."""
+    until the workers join again, nothing is written, and that wait is start_timeout's
+    (120 s), not stall_timeout's (here 2 s). The worker is held stopped for 5 s when the
+    run begins, so its warm-up outlasts stall_timeout on any machine; the 2 s then bound
+    every gap between events once it has joined (about 0.1 s apart on a loaded 2-core box)."""
+    stall, held = 2.0, 5.0
     with LocalCluster(workers=1, isolate="auto") as c:
         run_id = f"{c.name}-resume-warmup"
         with pytest.raises(ClusterError, match="ps:0"):
@@ -534,15 +537,27 @@ def test_a_resumed_run_warms_up_under_start_timeout_not_stall_timeout(shared_dat
                 mode="async", run_id=run_id, checkpoint_every=20,
                 faults={"ps": {"kind": "kill", "at": 25}}, **dict(COMMON, steps=60),
             )  # fmt: skip
-    with LocalCluster(workers=1, isolate="auto", stall_timeout=1.0) as c:
-        run = c.train(
-            mode="async", run_id=run_id, resume=True, checkpoint_every=20, **dict(COMMON, steps=60)
-        )
+    with LocalCluster(workers=1, isolate="auto", stall_timeout=stall) as c:
+        worker = c.pids["worker:0"]
+        hang(worker)  # guarded: it still ends with this process
+        release = threading.Timer(held, os.kill, (worker, signal.SIGCONT))
+        release.start()
+        try:
+            run = c.train(
+                mode="async", run_id=run_id, resume=True, checkpoint_every=20,
+                **dict(COMMON, steps=60),
+            )  # fmt: skip
+        finally:
+            release.cancel()
+            if _stopped(worker):
+                os.kill(worker, signal.SIGCONT)
     ev = run.events
     assert ev[ev.kind == "resume"].version.tolist() == [20]
     after = ev.loc[ev[ev.kind == "start"].index[-1] :]
     assert after[after.kind == "update"].version.tolist() == list(range(21, 61))
     assert (ev.kind == "joined").sum() == 2  # one an attempt
+    warm_up = after[after.kind == "joined"].t.iloc[0] - after.t.iloc[0]
+    assert warm_up > stall, f"the warm-up ({warm_up:.1f} s) did not outlast stall_timeout"
 
 
 @pytest.fixture(scope="module")
