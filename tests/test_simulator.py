@@ -32,6 +32,22 @@ def test_sync_rounds_take_the_sum_of_their_parts():
         assert set(r.steps.values()) == {200} and not r.staleness.any() and r.drops == 0
 
 
+def test_latency_waits_on_no_core_and_is_in_every_pull_and_push():
+    """A call's latency holds no CPU: one worker on one shared core takes pull, compute and
+    push plus two latencies per step, and each recorded pull and push holds one latency."""
+    lat, one_core = 0.003, Costs(compute_s=0.004, serve_s=0.002, latency_s=0.003, cores=1)
+    for mode in ("async", "sync"):
+        r = simulate(cfg(workers=1, mode=mode), one_core)
+        assert r.updates_per_s == pytest.approx(1 / (0.004 + 0.002 + 2 * lat), rel=1e-3)
+        assert np.allclose(r.pulls, 0.001 + lat) and np.allclose(r.pushes, 0.001 + lat)
+    # two workers on one core: a worker's latency overlaps the other's CPU (were it held on
+    # the core, two would go no faster than one); the CPU's 6 ms a step is the ceiling
+    one = 1 / (0.004 + 0.002 + 2 * lat)
+    r = simulate(cfg(workers=2, mode="async", steps=400), one_core)
+    assert 1.5 * one < r.updates_per_s <= 1 / 0.006 * 1.001
+    assert simulate(cfg(workers=2, mode="async"), FIXED).pulls.size == 0  # one event a step
+
+
 def test_async_is_bound_by_the_workers_or_by_one_ps():
     step_s = 0.001 + 0.004 + 0.002 + 0.0005
     for n in (1, 2, 4):  # the PS is idle most of the time: N steps per step time
@@ -156,7 +172,13 @@ def test_bad_input_is_refused_by_name(kwargs, named):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("compute_s", -1.0), ("pull_s", math.nan), ("cores", 0), ("compute_s", {1: "x"})],
+    [
+        ("compute_s", -1.0),
+        ("pull_s", math.nan),
+        ("latency_s", -0.001),
+        ("cores", 0),
+        ("compute_s", {1: "x"}),
+    ],
 )
 def test_bad_costs_are_refused_by_name(field, value):
     args = {"compute_s": 0.001, field: value}

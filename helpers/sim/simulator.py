@@ -41,94 +41,16 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
 from helpers.cluster import protocol
+from helpers.sim.costs import Costs, SimResult
+
+__all__ = ["Costs", "SimResult", "simulate"]
 
 _DRAWS = 1024  # random draws made at once per worker
-
-
-@dataclass
-class Costs:
-    """Seconds each part of a step costs (calibrated from a real run, or set by hand)."""
-
-    compute_s: float | dict  # a worker's gradient on one batch; a dict: per worker
-    compute_cv: float = 0.0  # per-step noise: lognormal with this coefficient of variation
-    pull_s: float = 0.0  # one pull of the parameters, every PS task together (worker's side)
-    push_s: float = 0.0  # one push's transfer (worker's side)
-    serve_s: float = 0.0  # the PS's work per worker step: half serving a pull, half a push
-    serve_fixed: float = 0.0  # the share of it every PS task pays when sharded (per request)
-    apply_s: float = 0.0  # applying one update's gradients, on one PS task
-    background_s: float = 0.0  # CPU per worker step off the step's path (shared cores only)
-    shard_s: float = 0.0  # per update, with P > 1 PS tasks: coordinating them
-    decide_s: float = 0.0  # PS task 0's bookkeeping per push (sync, SSP, backup)
-    cores: int | None = None  # cores the run's processes share (None: a core each)
-
-    def __post_init__(self):
-        values = self.compute_s.values() if isinstance(self.compute_s, dict) else [self.compute_s]
-        for name, value in [("compute_s", v) for v in values] + [
-            (n, getattr(self, n))
-            for n in (
-                "compute_cv",
-                "pull_s",
-                "push_s",
-                "serve_s",
-                "serve_fixed",
-                "apply_s",
-                "background_s",
-                "shard_s",
-                "decide_s",
-            )
-        ]:
-            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
-                raise ValueError(f"Costs.{name} must be a number of seconds >= 0, got {value!r}")
-        if self.serve_fixed > 1:
-            raise ValueError(f"Costs.serve_fixed is a share, 0 to 1, got {self.serve_fixed!r}")
-        if self.cores is not None and (not isinstance(self.cores, int) or self.cores < 1):
-            raise ValueError(f"Costs.cores must be None or an integer >= 1, got {self.cores!r}")
-
-    def compute_of(self, worker: int) -> float:
-        """Worker `worker`'s mean compute seconds per step."""
-        if not isinstance(self.compute_s, dict):
-            return float(self.compute_s)
-        for key in (worker, str(worker)):
-            if key in self.compute_s:
-                return float(self.compute_s[key])
-        raise ValueError(
-            f"Costs.compute_s has no time for worker {worker} (it has {sorted(self.compute_s)}): "
-            f"give every worker of the run one"
-        )
-
-
-@dataclass
-class SimResult:
-    """What a simulated run did, in the figures a real run's events give."""
-
-    seconds: float  # simulated wall time from the first step to the last update
-    updates: int
-    update_t: np.ndarray  # simulated time of each update
-    staleness: np.ndarray  # of every gradient applied, in order
-    drops: int  # late gradients dropped (backup, drop)
-    folded: int  # late gradients folded in (backup, fold)
-    steps: dict  # worker -> steps taken
-    wait_s: dict  # worker -> seconds spent waiting for a token
-    dead: list = field(default_factory=list)  # workers killed by a fault
-    error: str | None = None  # why the run could not finish (sync after a lost worker)
-    # with numerics: [(simulated s, version, test accuracy)] every eval_every updates, and
-    # the final parameters' test accuracy
-    accuracy: list = field(default_factory=list)
-    test_accuracy: float | None = None
-
-    @property
-    def updates_per_s(self) -> float:
-        return self.updates / self.seconds if self.seconds > 0 else float("nan")
-
-    @property
-    def mean_staleness(self) -> float:
-        return float(self.staleness.mean()) if len(self.staleness) else float("nan")
 
 
 class _Sim:
@@ -149,6 +71,8 @@ class _Sim:
         self.drops = self.folded = 0
         self.steps = {w: 0 for w in cfg.worker_ids}
         self.wait_s = {w: 0.0 for w in cfg.worker_ids}
+        self.pulls: list[float] = []
+        self.pushes: list[float] = []
         self.dead: list[int] = []
         self.error = None
         self.credits = {w: 0 for w in cfg.worker_ids}  # tokens granted, not yet taken
@@ -237,6 +161,20 @@ class _Sim:
         else:
             yield from self._on_core(seconds)
 
+    def _call(self, mine: float, served):
+        """One remote call: the worker's side (`mine` seconds, half each way), the round
+        trip's latency (half each way) and the PS's side (`served`, a generator) between."""
+        half, lat = mine / 2, self.costs.latency_s / 2
+        if half:
+            yield from self._worker_cpu(half)
+        if lat:
+            yield self.env.timeout(lat)
+        yield from served
+        if lat:
+            yield self.env.timeout(lat)
+        if half:
+            yield from self._worker_cpu(half)
+
     # ------------------------------------------------------------------ the worker
     def worker(self, w: int):
         cfg, env, c = self.cfg, self.env, self.costs
@@ -260,11 +198,13 @@ class _Sim:
             compute = self._compute_s(w)
             called = env.now
             pull = c.pull_s if fetch else 0.0
-            if self.cores is None and not c.serve_s:
+            phased = self.cores is not None or bool(c.serve_s)
+            if not phased:
                 # pull, compute and push as one event: the version read half-way through the
                 # pull (on the PS, as the token is taken) is looked up in the updates' times
-                read_at = env.now + pull / 2
-                yield env.timeout(pull + compute + c.push_s * push)
+                lat = c.latency_s
+                read_at = env.now + (pull + lat) / 2
+                yield env.timeout(pull + compute + c.push_s * push + lat * (fetch + push))
                 if waits:
                     called += pull
                 if fetch:
@@ -272,27 +212,24 @@ class _Sim:
                     self.read_of[w] = read
             else:
                 if fetch:
-                    if pull:
-                        yield from self._worker_cpu(pull / 2)
-                    if c.serve_s:  # the PS takes the request in turn (the version it reads)
-                        yield from self._serve()
-                    read = self.read_of[w] = self.version
-                    if pull:
-                        yield from self._worker_cpu(pull / 2)
+                    yield from self._call(pull, self._read(w))
+                    read = self.read_of[w]
+                    self.pulls.append(env.now - called)
                 if waits:
                     called = env.now
                 yield from self._on_core(compute)
-                if push and c.push_s:
-                    yield from self._worker_cpu(c.push_s)
-                if push and c.serve_s and cfg.mode != "async":  # async: with its apply
-                    yield from self._serve()
+                pushed = env.now
+                if push and cfg.mode != "async":  # async: with its apply, below
+                    yield from self._call(c.push_s, self._serve())
             if self.over.triggered:
                 return
             if push:
                 if cfg.mode == "async":
-                    yield from self._apply_async(w, step, read)
+                    yield from self._apply_async(w, step, read, phased)
                 else:
                     self._send(protocol.Push(w, step, read))
+                if phased:
+                    self.pushes.append(env.now - pushed)
             if c.background_s and self.cores is not None:
                 env.process(self._on_core(c.background_s))
             self.steps[w] += 1
@@ -309,8 +246,20 @@ class _Sim:
             idle, self.ps_idle = self.ps_idle, None
             idle.succeed()
 
-    def _apply_async(self, w: int, step: int, read: int):
-        ticket = self.ticket  # numbered as the pushes arrive
+    def _read(self, w: int):
+        """The PS's side of a pull: served in turn, the version read as it is."""
+        if self.costs.serve_s:
+            yield from self._serve()
+        self.read_of[w] = self.version
+
+    def _apply_async(self, w: int, step: int, read: int, phased: bool):
+        """An async push: the worker's call, the PS applying it under the next ticket (the
+        call's own costs are in the step's one event when it is not simulated `phased`)."""
+        applied = self._applied(w, step, read)
+        yield from self._call(self.costs.push_s, applied) if phased else applied
+
+    def _applied(self, w: int, step: int, read: int):
+        ticket = self.ticket  # numbered as the pushes reach the PS
         self.ticket += 1
         yield from self._serve(self.costs.apply_s, coordinate=True)
         if self.version < self.cfg.steps:
@@ -357,8 +306,8 @@ class _Sim:
                 if not self._lost(push[1]):
                     return
                 continue
-            if c.decide_s:
-                yield self.env.timeout(c.decide_s)
+            if c.decide_s:  # PS task 0's Python: on a core when cores are shared
+                yield from self._on_core(c.decide_s)
             if self.agg is None:  # SSP: every push is an update
                 before = self.version
                 yield from self._apply()
@@ -422,6 +371,8 @@ class _Sim:
             folded=self.folded,
             steps=self.steps,
             wait_s=self.wait_s,
+            pulls=np.array(self.pulls),
+            pushes=np.array(self.pushes),
             dead=self.dead,
             error=self.error,
             accuracy=self.numerics.accuracy if self.numerics is not None else [],
