@@ -4,15 +4,15 @@
 
 Starts a LocalCluster with 1 PS task and one with 2 (4 workers each; a run uses as many as it
 names), makes every configuration below REPEATS times (alternating, so the machine's drift hits
-them alike), calibrates on the first repeat of the first configuration (async, 2 workers, 1 PS)
-and fits the share of the PS's work every task pays on the first repeat of async with 2 PS
-tasks, then simulates every configuration with those costs, with the gradients computed for
-real (helpers.sim.numerics). Prints, per configuration, the real median (and the spread over
-the repeats) beside the simulation for updates per second, mean staleness, drops and test
-accuracy at the same number of updates, and whether the simulation is within the issue's
-margins: 15 % for updates/s, 20 % or 0.3 updates for staleness, 20 % for drops, 2 points of
-accuracy, or within the real runs' own spread (max - min) if that is larger. The two runs
-calibrated on are marked.
+them alike), and calibrates on the median repeat (by updates/s) of three configurations: async
+with 2 workers and 1 PS task (every cost), async with 2 PS tasks (the share of the PS's work
+every task pays) and sync with 2 workers (PS task 0's loop per push). Then simulates every
+configuration with those costs, with the gradients computed for real (helpers.sim.numerics),
+and prints, per configuration, the real median (and the spread over the repeats) beside the
+simulation for updates per second, mean staleness, drops and test accuracy at the same number
+of updates, and whether the simulation is within the issue's margins: 15 % for updates/s, 20 %
+or 0.3 updates for staleness, 20 % for drops, 2 points of accuracy, or within the real runs'
+own spread (max - min) if that is larger. The three runs calibrated on are marked.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import argparse
 import statistics
 import time
 
-import numpy as np
+from helpers.sim.validate import judged, measured, simulated, typical
 
 CALIBRATION = ("async", 2, 1, {})
 SHARDED = ("async", 2, 2, {})  # fits Costs.serve_fixed
+WAITING = ("sync", 2, 1, {})  # fits Costs.decide_s
 CONFIGS = [  # (mode, workers, PS tasks, extra RunConfig fields)
     CALIBRATION,
     ("async", 1, 1, {}),
@@ -39,42 +40,6 @@ CONFIGS = [  # (mode, workers, PS tasks, extra RunConfig fields)
     ("sync", 2, 2, {}),
 ]
 STEPS = {"async": 3000, "ssp": 3000, "sync": 1000, "backup": 1000}  # updates: a few seconds each
-
-
-def measured(run) -> dict:
-    """updates/s, mean staleness and drops of a real run, over its training window."""
-    from helpers.cluster.events import Kind
-
-    start, end = run.training_window()
-    ev = run.events
-    updates = ev[(ev.kind == Kind.UPDATE) & (ev.t > start) & (ev.t <= end)]
-    stale = [s for row in updates.staleness for s in row]
-    return {
-        "updates_per_s": len(updates) / (end - start),
-        "staleness": float(np.mean(stale)) if stale else 0.0,
-        "drops": int((ev.kind == Kind.DROP).sum()),
-        "accuracy": run.test_accuracy,
-    }
-
-
-def simulated(cfg, costs, ps: int) -> dict:
-    from helpers.sim.numerics import Numerics
-    from helpers.sim.simulator import simulate
-
-    r = simulate(cfg, costs, ps=ps, numerics=Numerics(cfg))
-    return {
-        "updates_per_s": r.updates_per_s,
-        "staleness": r.mean_staleness,
-        "drops": r.drops,
-        "accuracy": r.test_accuracy,
-    }
-
-
-def within(real: list[float], sim: float, rel: float, absolute: float = 0.0) -> bool:
-    """The issue's rule: within rel (or `absolute`) of the real median, or of the real spread."""
-    mid = statistics.median(real)
-    margin = max(rel * abs(mid), absolute, max(real) - min(real))
-    return abs(sim - mid) <= margin
 
 
 def label(mode, workers, ps, extra) -> str:
@@ -110,7 +75,11 @@ def main(argv=None) -> int:
                     )
                     runs.setdefault((mode, workers, ps, str(extra)), []).append(run)
     key = lambda c: (c[0], c[1], c[2], str(c[3]))  # noqa: E731
-    cal = calibrate(runs[key(CALIBRATION)][0], sharded=runs[key(SHARDED)][0])
+    cal = calibrate(
+        typical(runs[key(CALIBRATION)]),
+        sharded=typical(runs[key(SHARDED)]),
+        waiting=typical(runs[key(WAITING)]),
+    )
     print(cal.table().round(3).to_string(index=False))
     print()
     print(
@@ -126,19 +95,16 @@ def main(argv=None) -> int:
         st = [m["staleness"] for m in real]
         dr = [m["drops"] for m in real]
         acc = [m["accuracy"] for m in real]
-        ok = (
-            within(ups, sim["updates_per_s"], 0.15),
-            within(st, sim["staleness"], 0.20, 0.3),
-            within(dr, sim["drops"], 0.20),
-            within(acc, sim["accuracy"], 0.0, 0.02),
-        )
-        if c not in (CALIBRATION, SHARDED):
+        ok = tuple(judged(real, sim).values())
+        if c not in (CALIBRATION, SHARDED, WAITING):
             oks.append(all(ok))
         mark = (
             " (calibration)"
             if c == CALIBRATION
             else " (calibration: sharding)"
             if c == SHARDED
+            else " (calibration: PS task 0's loop)"
+            if c == WAITING
             else ""
         )
         yes = ["yes" if o else "**no**" for o in ok]

@@ -60,3 +60,25 @@ def test_a_run_without_cpu_samples_names_the_processes(run):
 def test_a_sharded_run_with_one_ps_task_is_refused(run):
     with pytest.raises(ValueError, match="had its parameters on 1 PS task: give a run of"):
         calibrate(run, sharded=run)
+
+
+def test_a_sync_run_fits_ps_task_0s_loop_and_the_simulator_gives_its_rate(cluster, run):
+    """PS task 0's loop per push is fitted on a sync run, so that the simulator then gives
+    that run's rate, and the table names the run it came from."""
+    sync = cluster.train(progress=False, mode="sync", steps=600, seed=2)
+    cal = calibrate(run, waiting=sync)
+    assert cal.costs.decide_s > 0
+    from helpers.sim.calibrate import _sim_config, _steps_per_s
+
+    measured = cal.table().set_index("figure")
+    assert sync.config.run_id in measured.loc["PS task 0's loop per push (ms)", "measured from"]
+    simulated = _steps_per_s(_sim_config(sync.config), cal.costs, 1)
+    start, end = sync.training_window()
+    ev = sync.events
+    real = ((ev.kind == "step") & (ev.t > start) & (ev.t <= end)).sum() / (end - start)
+    assert simulated == pytest.approx(real, rel=0.15)
+
+
+def test_an_async_run_given_as_the_waiting_run_is_refused(run):
+    with pytest.raises(ValueError, match="was async: give a run of mode sync, ssp or backup"):
+        calibrate(run, waiting=run)

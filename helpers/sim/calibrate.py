@@ -21,7 +21,9 @@ scaled by one factor, fitted so that the simulator, run on the calibration run's
 configuration with the machine's cores shared, gives that run's steps per second.
 
 What one run cannot tell apart is said in the table, not guessed: the apply of an update is in
-the PS's work per step (apply_s stays 0), and so is PS task 0's decision (decide_s stays 0).
+the PS's work per step (apply_s stays 0). PS task 0's own loop in sync, SSP and backup (taking
+each push off the queue, deciding, applying, handing out tokens, in Python: decide_s) is not on
+an async run's path at all; a run of a waiting mode, if given, fits it, else it stays 0.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from helpers.sim.simulator import Costs, simulate
 MIN_STEPS = 200  # worker steps in the training window
 MIN_SECONDS = 2.0  # the CPU samples come every 0.5 s
 FIXED_SHARES = np.round(np.arange(0.0, 1.01, 0.05), 2)  # serve_fixed, tried in turn
-SCALES = np.geomspace(0.2, 4.0, 32)  # the phases' factor, tried in turn (10 % apart)
+DECISIONS = np.concatenate([[0.0], np.geomspace(1e-5, 2e-2, 56)])  # decide_s (s), in turn
+SCALES = (0.02, 5.0)  # the phases' factor lies between these: found by bisection
 
 
 @dataclass
@@ -57,7 +60,10 @@ class Calibration:
     per_worker: dict  # worker -> its median compute (with its own Python), before scaling
     cpu_per_step_s: float  # every process of the run, per worker step
     ps_cpu_per_step_s: float  # the PS tasks', per worker step
+    call_s: float = math.nan  # measured: median pull + median push
+    simulated_call_s: float = math.nan  # the same, simulated with the fitted costs
     sharded_from: str | None = None  # the sharded run serve_fixed was fitted on
+    waiting_from: str | None = None  # the sync/SSP/backup run decide_s was fitted on
 
     def table(self):
         """Each fitted figure, its value, and what it was measured from (a DataFrame)."""
@@ -73,10 +79,17 @@ class Calibration:
         rows += [
             ("compute, every worker (ms)", 1e3 * c.compute_s, f"median of the above {scaled}"),
             ("compute variation (CV)", c.compute_cv, f"median over the workers, {src}"),
+            ("pull + push, measured (ms)", 1e3 * self.call_s, f"medians of its steps, {src}"),
+            ("pull + push, simulated (ms)", 1e3 * self.simulated_call_s, "medians, fitted"),
             (
                 "PS work per step (ms)",
                 1e3 * c.serve_s,
                 f"median pull + median push {scaled}, one request at a time",
+            ),
+            (
+                "latency per call (ms)",
+                1e3 * c.latency_s,
+                "not separable on one machine: 0 (set it for a network)",
             ),
             (
                 "PS work every task pays (share)",
@@ -86,7 +99,13 @@ class Calibration:
                 else "no sharded run given: assumed 0 (the work splits over the tasks)",
             ),
             ("PS apply per update (ms)", 1e3 * c.apply_s, "not separable from one run: above"),
-            ("PS decision per push (ms)", 1e3 * c.decide_s, "not separable from one run: above"),
+            (
+                "PS task 0's loop per push (ms)",
+                1e3 * c.decide_s,
+                f"fitted on {self.waiting_from}"
+                if self.waiting_from
+                else "no sync, SSP or backup run given: assumed 0",
+            ),
             (
                 "off the step's path (ms)",
                 1e3 * c.background_s,
@@ -122,6 +141,19 @@ def _per_worker(steps, phases) -> tuple[dict, list]:
 def _steps_per_s(cfg, costs, ps: int) -> float:
     result = simulate(cfg, costs, ps=ps)
     return sum(result.steps.values()) / result.seconds if result.seconds else float("nan")
+
+
+def _fit_scale(cfg, costs_at, measured: float, ps: int) -> float:
+    """The factor at which the simulator gives `measured` steps per second (the rate falls as
+    the costs grow), to 2 %."""
+    lo, hi = math.log(SCALES[0]), math.log(SCALES[1])
+    for _ in range(9):
+        mid = (lo + hi) / 2
+        if _steps_per_s(cfg, costs_at(math.exp(mid)), ps) > measured:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
 
 
 def _trained(run):
@@ -163,7 +195,30 @@ def _fit_fixed_share(costs: Costs, sharded) -> Costs:
     return replace(costs, serve_fixed=float(min(fits)[1]))
 
 
-def calibrate(run, cores: int | None = None, sharded=None) -> Calibration:
+def _fit_decision(costs: Costs, waiting) -> Costs:
+    """Costs.decide_s fitted on a run of a waiting mode (sync, SSP, backup): PS task 0's loop
+    per push, so that the simulator gives that run's rate."""
+    if waiting.config.mode not in protocol.WAITING_MODES:
+        raise ValueError(
+            f"waiting run {waiting.config.run_id!r} was {waiting.config.mode}: give a run of "
+            f"mode sync, ssp or backup, or waiting=None"
+        )
+    _, measured = _trained(waiting)
+    cfg = _sim_config(waiting.config)
+    fits = [
+        (abs(_steps_per_s(cfg, replace(costs, decide_s=d), waiting.ps_tasks) / measured - 1), d)
+        for d in DECISIONS
+    ]
+    return replace(costs, decide_s=float(min(fits)[1]))
+
+
+def _source(run) -> str:
+    return (
+        f"{run.config.run_id} ({run.config.mode}, {run.config.workers} workers, {run.ps_tasks} PS)"
+    )
+
+
+def calibrate(run, cores: int | None = None, sharded=None, waiting=None) -> Calibration:
     """Fit the simulator's Costs to one run of a LocalCluster (a cluster.run.Run).
 
     Args:
@@ -172,10 +227,12 @@ def calibrate(run, cores: int | None = None, sharded=None) -> Calibration:
         sharded: optionally, a run of the same model with the parameters on several PS
             tasks, to fit the share of the PS's work each task pays whatever its part of the
             parameters (Costs.serve_fixed; without it, 0: the work splits evenly).
+        waiting: optionally, a run of the same model in sync, SSP or backup mode, to fit PS
+            task 0's loop per push (Costs.decide_s; without it, 0).
     Raises:
         ValueError: a run is too short to measure (fewer than MIN_STEPS worker steps or
-            MIN_SECONDS of training), has no CPU samples (a run on other hosts), or the
-            sharded run had one PS task.
+            MIN_SECONDS of training), has no CPU samples (a run on other hosts), the
+            sharded run had one PS task, or the waiting run was async.
     """
     import psutil
 
@@ -212,13 +269,14 @@ def calibrate(run, cores: int | None = None, sharded=None) -> Calibration:
             cores=cores or psutil.cpu_count(logical=True),
         )
 
-    fits = [
-        (abs(_steps_per_s(sim_cfg, costs_at(s), run.ps_tasks) / measured - 1), s) for s in SCALES
-    ]
-    _, scale = min(fits)
-    costs = costs_at(float(scale))
+    scale = _fit_scale(sim_cfg, costs_at, measured, run.ps_tasks)
+    costs = costs_at(scale)
+    result = simulate(sim_cfg, costs, ps=run.ps_tasks)
+    calls = float(np.median(result.pulls) + np.median(result.pushes))
     if sharded is not None:
         costs = _fit_fixed_share(costs, sharded)
+    if waiting is not None:
+        costs = _fit_decision(costs, waiting)
     return Calibration(
         costs=costs,
         run_id=cfg.run_id,
@@ -229,15 +287,13 @@ def calibrate(run, cores: int | None = None, sharded=None) -> Calibration:
         steps_per_s=measured,
         simulated_steps_per_s=_steps_per_s(sim_cfg, costs, run.ps_tasks),
         scale=float(scale),
+        call_s=pull + push,
+        simulated_call_s=calls,
         per_worker=compute,
         cpu_per_step_s=cpu_per_step,
         ps_cpu_per_step_s=ps_cpu,
-        sharded_from=(
-            f"{sharded.config.run_id} ({sharded.config.mode}, {sharded.config.workers} workers, "
-            f"{sharded.ps_tasks} PS)"
-            if sharded is not None
-            else None
-        ),
+        sharded_from=_source(sharded) if sharded is not None else None,
+        waiting_from=_source(waiting) if waiting is not None else None,
     )
 
 
