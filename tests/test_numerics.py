@@ -20,34 +20,62 @@ def cfg(**kw):
     return protocol.validate(protocol.RunConfig(**kw))
 
 
-def test_one_async_worker_is_plain_sgd_over_its_batches(shared_data):
-    """Independently: the same first parameters, the worker's batches drawn by its own rule
-    (a permutation per pass from default_rng([seed, worker])), one SGD step each."""
+def _plain_sgd(c, segments):
+    """An independent SGD loop: the same first parameters, one worker's batches drawn by its
+    own rule (a permutation per pass from default_rng([seed, worker])), one step each; each
+    segment (from, to) starts from the parameters at update `from` with the batches anew."""
     import keras
     import tensorflow as tf
 
     from helpers.data import arrays
     from helpers.training import models
 
-    c = cfg(workers=1, mode="async", lr=0.2)
-    num = Numerics(c)
-    simulate(c, FIXED, numerics=num)
     x, y, _, _, classes = arrays.load_arrays(c.data, c.train_size, c.test_size, c.seed)
     model = models.build(c.model, x.shape[1:], classes, c.seed)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    rng = np.random.default_rng([c.seed, 0])
-    order, pos = rng.permutation(len(x)), 0
-    for _ in range(c.steps):
-        if pos + c.batch_size > len(x):
-            order, pos = rng.permutation(len(x)), 0
-        idx = order[pos : pos + c.batch_size]
-        pos += c.batch_size
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y[idx], model(x[idx], training=True))
-        for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables)):
-            v.assign_sub(c.lr * g)
+    kept = {0: [v.numpy() for v in model.trainable_variables]}
+    for start, stop in segments:
+        for v, value in zip(model.trainable_variables, kept[start]):
+            v.assign(value)
+        rng = np.random.default_rng([c.seed, 0])
+        order, pos = rng.permutation(len(x)), 0
+        for update in range(start, stop):
+            if pos + c.batch_size > len(x):
+                order, pos = rng.permutation(len(x)), 0
+            idx = order[pos : pos + c.batch_size]
+            pos += c.batch_size
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[idx], model(x[idx], training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            for v, g in zip(model.trainable_variables, grads):
+                v.assign_sub(c.lr * g)
+            kept[update + 1] = [v.numpy() for v in model.trainable_variables]
+    return model.trainable_variables
+
+
+def test_one_async_worker_is_plain_sgd_over_its_batches(shared_data):
+    c = cfg(workers=1, mode="async", lr=0.2)
+    num = Numerics(c)
+    simulate(c, FIXED, numerics=num)
     assert num.version == c.steps
-    for mine, theirs in zip(num.params[num.version], model.trainable_variables):
+    for mine, theirs in zip(num.params[num.version], _plain_sgd(c, [(0, c.steps)])):
+        np.testing.assert_allclose(mine, theirs.numpy(), atol=1e-5)
+
+
+def test_a_resumed_run_goes_on_from_its_checkpoint_with_its_batches_anew(shared_data):
+    """PS killed at update 35, last checkpoint at 20: the resumed run starts from the
+    checkpoint's parameters, and its new worker draws its batches from the start again."""
+    c = cfg(
+        workers=1,
+        mode="async",
+        lr=0.2,
+        checkpoint_every=20,
+        faults={"ps": {"kind": "kill", "at": 35}},
+    )
+    num = Numerics(c)
+    r = simulate(c, FIXED, numerics=num)
+    assert r.lost == 15 and num.version == c.steps
+    for mine, theirs in zip(num.params[num.version], _plain_sgd(c, [(0, 35), (20, c.steps)])):
         np.testing.assert_allclose(mine, theirs.numpy(), atol=1e-5)
 
 

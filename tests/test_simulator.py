@@ -157,11 +157,66 @@ def test_the_same_seed_gives_the_same_run_and_noise_keeps_its_mean():
     assert a.updates_per_s == pytest.approx(expected, rel=0.05)
 
 
+def test_checkpoints_cost_their_time_where_the_engine_waits_for_them():
+    """sync: PS task 0's loop writes after an update, with the tokens already out, so a write
+    shorter than a round is hidden but one longer holds the next update back by the rest; async:
+    the pushes past a checkpoint wait for it (the engine's ticket blocks)."""
+    base = simulate(cfg(workers=2, mode="sync", steps=100), FIXED).seconds
+    round_s = base / 100
+    for write_s in (0.5 * round_s, 3 * round_s):
+        c = cfg(workers=2, mode="sync", steps=100, checkpoint_every=10)
+        r = simulate(c, Costs(**{**FIXED.__dict__, "checkpoint_s": write_s}))
+        assert r.checkpoints == 9  # at 10, 20, ..., 90: not at the run's end
+        extra = 9 * max(0.0, write_s - (round_s - 0.001 - 0.0005))  # pull and its wait overlap
+        assert r.seconds == pytest.approx(base + extra, rel=0.02), write_s
+    one = Costs(compute_s=0.004, checkpoint_s=0.01)
+    c = cfg(workers=1, mode="async", steps=100, checkpoint_every=25)
+    r = simulate(c, one)
+    assert r.checkpoints == 3
+    assert r.seconds == pytest.approx(100 * 0.004 + 3 * (0.01 - 0.004), rel=1e-6)
+
+
+def test_a_killed_ps_is_resumed_from_its_last_checkpoint_after_the_restart():
+    """The run fails at the PS's fault and resumes from its last checkpoint: the updates since
+    are made again, the restart's seconds are added, and the run still reaches its steps."""
+    costs = Costs(compute_s=0.004, restart_s=2.0)
+    plain = simulate(cfg(workers=2, mode="sync", steps=100), costs)
+    for every, back in ((20, 40), (0, 0), (45, 45)):
+        c = cfg(
+            workers=2,
+            mode="sync",
+            steps=100,
+            checkpoint_every=every,
+            faults={"ps": {"kind": "kill", "at": 45 if every == 45 else 55}},
+        )
+        r = simulate(c, costs)
+        died = 45 if every == 45 else 55
+        assert r.updates == 100 and r.error is None
+        assert r.restarts[0][1:] == (died, back) and r.lost == died - back
+        assert len(r.update_t) == 100 + r.lost
+        per_update = plain.seconds / 100
+        assert r.seconds == pytest.approx(plain.seconds + 2.0 + r.lost * per_update, rel=0.01)
+    # a worker's fault was the first attempt's: the resumed run has every worker
+    c = cfg(
+        workers=3,
+        mode="async",
+        steps=300,
+        checkpoint_every=50,
+        faults={"ps": {"kind": "kill", "at": 120}, "2": {"kind": "kill", "at": 10}},
+    )
+    r = simulate(c, costs)
+    assert r.dead == [2] and r.updates == 300 and r.lost == 20 and r.steps[2] > 10
+
+
 @pytest.mark.parametrize(
     "kwargs,named",
     [
         ({"ps": 0}, "ps must be an integer >= 1, got 0"),
-        ({"cfg": {"checkpoint_every": 10}}, "checkpoints, resumes and PS faults"),
+        ({"cfg": {"resume": True, "run_id": "r"}}, "resume=True continues a real run"),
+        (
+            {"cfg": {"faults": {"ps": {"kind": "hang", "at": 5}}}},
+            r"fault 'ps': a hung PS is not simulated .*'kind': 'kill', 'at': 5",
+        ),
     ],
 )
 def test_bad_input_is_refused_by_name(kwargs, named):
@@ -204,7 +259,7 @@ def _calls(path: Path) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("module", ["helpers/cluster/ps.py", "helpers/sim/simulator.py"])
+@pytest.mark.parametrize("module", ["helpers/cluster/ps.py", "helpers/sim/attempt.py"])
 def test_the_engine_and_the_simulator_share_the_protocols_rules(module):
     """Both follow protocol's SSP gate, backup choice (with its fold weights) and owed tokens;
     neither writes its own: no function of those names, no power (the fold's decay), no min

@@ -17,6 +17,8 @@ class Costs:
     pull_s: float = 0.0  # one pull of the parameters, every PS task together (worker's side)
     push_s: float = 0.0  # one push's transfer (worker's side)
     latency_s: float = 0.0  # a call's round trip waiting on neither side's CPU (pull, push)
+    checkpoint_s: float = 0.0  # PS task 0 writing one checkpoint (checkpoint_every)
+    restart_s: float = 0.0  # from a PS's death to its resumed run's first step
     serve_s: float = 0.0  # the PS's work per worker step: half serving a pull, half a push
     serve_fixed: float = 0.0  # the share of it every PS task pays when sharded (per request)
     apply_s: float = 0.0  # applying one update's gradients, on one PS task
@@ -40,6 +42,8 @@ class Costs:
                 "background_s",
                 "shard_s",
                 "decide_s",
+                "checkpoint_s",
+                "restart_s",
             )
         ]:
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
@@ -81,6 +85,10 @@ class SimResult:
     pushes: np.ndarray
     dead: list = field(default_factory=list)  # workers killed by a fault
     error: str | None = None  # why the run could not finish (sync after a lost worker)
+    checkpoints: int = 0  # written by PS task 0
+    # with PS faults: (simulated s, the update the PS died at, the checkpoint resumed from)
+    restarts: list = field(default_factory=list)
+    lost: int = 0  # updates made again after restarts (each fault's update less its checkpoint)
     # with numerics: [(simulated s, version, test accuracy)] every eval_every updates, and
     # the final parameters' test accuracy
     accuracy: list = field(default_factory=list)

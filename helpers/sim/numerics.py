@@ -83,6 +83,8 @@ class Numerics:
         self.oldest = 0
         self.accuracy: list[tuple[float, int, float]] = []
         self.weight_sums: list[float] = []  # each update's total weight (1 + backup's fold)
+        self.offset = 0.0  # simulated seconds before this attempt (a resumed run's)
+        self.saved = (0, self.params[0], [v.numpy() for v in self.velocity])  # last checkpoint
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         @tf.function(reduce_retracing=True)
@@ -141,7 +143,21 @@ class Numerics:
         self.weight_sums.append(float(sum(weights)))
         self.params[self.version] = [v.numpy() for v in variables]
         if self.eval_every and self.version % self.eval_every == 0:
-            self.accuracy.append((now, self.version, self.test_accuracy()))
+            self.accuracy.append((now + self.offset, self.version, self.test_accuracy()))
+
+    def checkpoint(self) -> None:
+        """Keep the current parameters and momentum, as a checkpoint of PS task 0 does."""
+        self.saved = (self.version, self.params[self.version], [v.numpy() for v in self.velocity])
+
+    def restore(self) -> None:
+        """Back to the last checkpoint, as a resumed run starts: its parameters and momentum,
+        and every worker's batches drawn anew (new worker processes)."""
+        self.version, params, velocity = self.saved
+        self.params, self.oldest = {self.version: params}, self.version
+        for var, value in zip(self.velocity, velocity):
+            var.assign(value)
+        self.batches = {w: self._batches(w) for w in self.cfg.worker_ids}
+        self.drawn = {w: 0 for w in self.cfg.worker_ids}
 
     def prune(self, oldest_read: int) -> None:
         """Forget the versions older than any a live worker has read."""
