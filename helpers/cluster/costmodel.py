@@ -65,9 +65,7 @@ def run_row(run, shapes) -> dict:
     """One run's measured figures: steps/s, and per process CPU seconds per worker step;
     per PS task the MB it carries per worker step."""
     cfg = run.config
-    ev = run.events
-    start, end = run.training_window()
-    st = ev[(ev.kind == Kind.STEP) & (ev.t > start) & (ev.t <= end)]
+    st, seconds = run.in_training(Kind.STEP)
     n_steps = len(st)
     cpu = run.cpu_seconds()
     tasks = run.ps_tasks
@@ -76,14 +74,14 @@ def run_row(run, shapes) -> dict:
         "workers": cfg.workers,
         "ps tasks": tasks,
         "model": cfg.model,
-        "steps/s": n_steps / (end - start),
+        "steps/s": n_steps / seconds,
     }
     for t, b in enumerate(carried):
         row[f"ps:{t} MB/step"] = (b["pull"] + b["push"]) / 1e6
         row[f"ps:{t} CPU ms/step"] = 1e3 * cpu.get(f"ps:{t}", float("nan")) / n_steps
     workers = [f"worker:{w}" for w in cfg.worker_ids]
     row["worker CPU ms/step"] = 1e3 * sum(cpu[w] for w in workers) / n_steps
-    row["CPU used (% of a core)"] = 100 * sum(v for v in cpu.values() if v == v) / (end - start)
+    row["CPU used (% of a core)"] = 100 * sum(v for v in cpu.values() if v == v) / seconds
     row.update({k.replace("_s", " ms"): 1e3 * v for k, v in phases(run).items()})
     return row
 

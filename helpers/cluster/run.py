@@ -35,6 +35,13 @@ class Run:
         the warm-up, which traces the step functions) to the last update."""
         return last_attempt_window(self.events)
 
+    def in_training(self, kind: str):
+        """This run's events of `kind` within its training window (a DataFrame), and the
+        window's seconds."""
+        start, end = self.training_window()
+        ev = self.events
+        return ev[(ev.kind == kind) & (ev.t > start) & (ev.t <= end)], end - start
+
     @property
     def ps_tasks(self) -> int:
         """How many PS tasks held the parameters."""

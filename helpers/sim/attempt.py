@@ -131,26 +131,19 @@ class Attempt:
         half, fixed = self.costs.serve_s / 2, self.costs.serve_fixed
         yield from self._on_ps(half * (1 - fixed) + extra, half * fixed, coordinate)
 
-    def _worker_cpu(self, seconds: float):
-        """The worker's side of a transfer: on a core when cores are shared."""
-        if self.cores is None:
-            yield self.env.timeout(seconds)
-        else:
-            yield from self._on_core(seconds)
-
     def _call(self, mine: float, served):
         """One remote call: the worker's side (`mine` seconds, half each way), the round
         trip's latency (half each way) and the PS's side (`served`, a generator) between."""
         half, lat = mine / 2, self.costs.latency_s / 2
         if half:
-            yield from self._worker_cpu(half)
+            yield from self._on_core(half)
         if lat:
             yield self.env.timeout(lat)
         yield from served
         if lat:
             yield self.env.timeout(lat)
         if half:
-            yield from self._worker_cpu(half)
+            yield from self._on_core(half)
 
     # ------------------------------------------------------------------ the worker
     def worker(self, w: int):

@@ -70,7 +70,7 @@ class Calibration:
         import pandas as pd
 
         c = self.costs
-        src = f"{self.run_id} ({self.mode}, {self.workers} workers, {self.ps} PS)"
+        src = _described(self.run_id, self.mode, self.workers, self.ps)
         scaled = f"x {self.scale:.2f} (fitted)"
         rows = [
             (f"compute, worker {w} (ms)", 1e3 * v, f"median of its steps, {src}")
@@ -159,16 +159,14 @@ def _fit_scale(cfg, costs_at, measured: float, ps: int) -> float:
 def _trained(run):
     """The run's worker steps in its training window, and their rate; refuses a run too
     short to measure."""
-    cfg, ev = run.config, run.events
-    start, end = run.training_window()
-    steps = ev[(ev.kind == Kind.STEP) & (ev.t > start) & (ev.t <= end)]
-    if len(steps) < MIN_STEPS or end - start < MIN_SECONDS:
+    steps, seconds = run.in_training(Kind.STEP)
+    if len(steps) < MIN_STEPS or seconds < MIN_SECONDS:
         raise ValueError(
-            f"run {cfg.run_id!r} trained {len(steps)} worker steps in {end - start:.1f} s: "
+            f"run {run.config.run_id!r} trained {len(steps)} worker steps in {seconds:.1f} s: "
             f"calibrate on a run of at least {MIN_STEPS} steps and {MIN_SECONDS:.0f} s "
             f"(more steps=...)"
         )
-    return steps, len(steps) / (end - start)
+    return steps, len(steps) / seconds
 
 
 def _sim_config(cfg):
@@ -178,44 +176,39 @@ def _sim_config(cfg):
     )
 
 
-def _fit_fixed_share(costs: Costs, sharded) -> Costs:
-    """Costs.serve_fixed fitted on a run with the parameters on several PS tasks: the share
-    of a step's serving every task pays, so that the simulator gives that run's rate."""
-    if sharded.ps_tasks < 2:
+def _fit_one(costs: Costs, run, field: str, values) -> Costs:
+    """`costs` with one figure (`field`) set to the value among `values` at which the
+    simulator gives `run`'s rate (one of the same model in another configuration)."""
+    _, measured = _trained(run)
+    cfg = _sim_config(run.config)
+    fits = [
+        (abs(_steps_per_s(cfg, replace(costs, **{field: v}), run.ps_tasks) / measured - 1), v)
+        for v in values
+    ]
+    return replace(costs, **{field: float(min(fits)[1])})
+
+
+def _refuse_unfit(sharded, waiting) -> None:
+    """A sharded run must have several PS tasks, a waiting run a mode with PS task 0's loop."""
+    if sharded is not None and sharded.ps_tasks < 2:
         raise ValueError(
             f"sharded run {sharded.config.run_id!r} had its parameters on 1 PS task: give a "
             f"run of LocalCluster(ps=2) or more, or sharded=None"
         )
-    _, measured = _trained(sharded)
-    cfg = _sim_config(sharded.config)
-    fits = [
-        (abs(_steps_per_s(cfg, replace(costs, serve_fixed=f), sharded.ps_tasks) / measured - 1), f)
-        for f in FIXED_SHARES
-    ]
-    return replace(costs, serve_fixed=float(min(fits)[1]))
-
-
-def _fit_decision(costs: Costs, waiting) -> Costs:
-    """Costs.decide_s fitted on a run of a waiting mode (sync, SSP, backup): PS task 0's loop
-    per push, so that the simulator gives that run's rate."""
-    if waiting.config.mode not in protocol.WAITING_MODES:
+    if waiting is not None and waiting.config.mode not in protocol.WAITING_MODES:
         raise ValueError(
             f"waiting run {waiting.config.run_id!r} was {waiting.config.mode}: give a run of "
             f"mode sync, ssp or backup, or waiting=None"
         )
-    _, measured = _trained(waiting)
-    cfg = _sim_config(waiting.config)
-    fits = [
-        (abs(_steps_per_s(cfg, replace(costs, decide_s=d), waiting.ps_tasks) / measured - 1), d)
-        for d in DECISIONS
-    ]
-    return replace(costs, decide_s=float(min(fits)[1]))
+
+
+def _described(run_id: str, mode: str, workers: int, ps: int) -> str:
+    return f"{run_id} ({mode}, {workers} workers, {ps} PS)"
 
 
 def _source(run) -> str:
-    return (
-        f"{run.config.run_id} ({run.config.mode}, {run.config.workers} workers, {run.ps_tasks} PS)"
-    )
+    cfg = run.config
+    return _described(cfg.run_id, cfg.mode, cfg.workers, run.ps_tasks)
 
 
 def calibrate(run, cores: int | None = None, sharded=None, waiting=None) -> Calibration:
@@ -269,14 +262,14 @@ def calibrate(run, cores: int | None = None, sharded=None, waiting=None) -> Cali
             cores=cores or psutil.cpu_count(logical=True),
         )
 
+    _refuse_unfit(sharded, waiting)
     scale = _fit_scale(sim_cfg, costs_at, measured, run.ps_tasks)
     costs = costs_at(scale)
-    result = simulate(sim_cfg, costs, ps=run.ps_tasks)
-    calls = float(np.median(result.pulls) + np.median(result.pushes))
-    if sharded is not None:
-        costs = _fit_fixed_share(costs, sharded)
-    if waiting is not None:
-        costs = _fit_decision(costs, waiting)
+    if sharded is not None:  # the share every PS task pays
+        costs = _fit_one(costs, sharded, "serve_fixed", FIXED_SHARES)
+    if waiting is not None:  # PS task 0's loop per push
+        costs = _fit_one(costs, waiting, "decide_s", DECISIONS)
+    own = simulate(sim_cfg, costs, ps=run.ps_tasks)  # the run's own, with the fitted costs
     return Calibration(
         costs=costs,
         run_id=cfg.run_id,
@@ -285,10 +278,10 @@ def calibrate(run, cores: int | None = None, sharded=None, waiting=None) -> Cali
         ps=run.ps_tasks,
         steps=n,
         steps_per_s=measured,
-        simulated_steps_per_s=_steps_per_s(sim_cfg, costs, run.ps_tasks),
+        simulated_steps_per_s=sum(own.steps.values()) / own.seconds if own.seconds else math.nan,
         scale=float(scale),
         call_s=pull + push,
-        simulated_call_s=calls,
+        simulated_call_s=float(np.median(own.pulls) + np.median(own.pushes)),
         per_worker=compute,
         cpu_per_step_s=cpu_per_step,
         ps_cpu_per_step_s=ps_cpu,

@@ -70,12 +70,11 @@ def _ps_faults(cfg) -> list[int]:
     return sorted({v for v in at if 0 < v < cfg.steps})
 
 
-def _joined(parts: list[SimResult], restarts: list, lost: int, numerics) -> SimResult:
-    """One run's result from its attempts, one after another with a restart between."""
-    offsets = np.cumsum([0.0] + [p.seconds + r[3] for p, r in zip(parts, restarts)])
+def _joined(parts: list[SimResult], offsets: list[float], restarts: list, numerics) -> SimResult:
+    """One run's result from its attempts, each starting at its offset (simulated s)."""
     workers = parts[0].steps
     return SimResult(
-        seconds=float(offsets[-1] + parts[-1].seconds),
+        seconds=offsets[-1] + parts[-1].seconds,
         updates=parts[-1].updates,
         update_t=np.concatenate([p.update_t + o for p, o in zip(parts, offsets)]),
         staleness=np.concatenate([p.staleness for p in parts]),
@@ -90,11 +89,8 @@ def _joined(parts: list[SimResult], restarts: list, lost: int, numerics) -> SimR
         accuracy=numerics.accuracy if numerics is not None else [],
         test_accuracy=parts[-1].test_accuracy,
         checkpoints=sum(p.checkpoints for p in parts),
-        restarts=[
-            (float(o + p.seconds), died, back)
-            for p, o, (died, back, _, _) in zip(parts, offsets, restarts)
-        ],
-        lost=lost,
+        restarts=restarts,
+        lost=sum(died - back for _, died, back in restarts),
     )
 
 
@@ -122,10 +118,10 @@ def simulate(
         )
     if numerics is not None and numerics.cfg is not cfg:
         raise ValueError("numerics must be made from the same configuration: Numerics(cfg)")
-    parts, restarts, start, lost = [], [], 0, 0
+    parts, offsets, restarts, start = [], [0.0], [], 0
     for attempt, died in enumerate([*_ps_faults(cfg), None]):
         if numerics is not None:
-            numerics.offset = sum(p.seconds for p in parts) + costs.restart_s * len(parts)
+            numerics.offset = offsets[-1]
         part = Attempt(
             cfg, costs, ps, seed if not attempt else [seed, attempt], numerics, start, died
         ).run()
@@ -138,9 +134,9 @@ def simulate(
             part.checkpoints += 1
             if numerics is not None:
                 numerics.checkpoint()
-        lost += died - back
-        restarts.append((died, back, attempt, costs.restart_s))
+        restarts.append((offsets[-1] + part.seconds, died, back))
+        offsets.append(offsets[-1] + part.seconds + costs.restart_s)
         if numerics is not None:
             numerics.restore()
         start = back
-    return parts[0] if len(parts) == 1 else _joined(parts, restarts, lost, numerics)
+    return parts[0] if len(parts) == 1 else _joined(parts, offsets, restarts, numerics)

@@ -26,14 +26,12 @@ def measured(run) -> dict:
     final test accuracy."""
     from helpers.cluster.events import Kind
 
-    start, end = run.training_window()
-    ev = run.events
-    updates = ev[(ev.kind == Kind.UPDATE) & (ev.t > start) & (ev.t <= end)]
+    updates, seconds = run.in_training(Kind.UPDATE)
     stale = [s for row in updates.staleness for s in row]
     return {
-        "updates_per_s": len(updates) / (end - start),
+        "updates_per_s": len(updates) / seconds,
         "staleness": float(np.mean(stale)) if stale else 0.0,
-        "drops": int((ev.kind == Kind.DROP).sum()),
+        "drops": int((run.events.kind == Kind.DROP).sum()),
         "accuracy": run.test_accuracy,
     }
 
