@@ -99,10 +99,8 @@ class Comparison:
         )
 
     def says(self, a_name: str, b_name: str) -> str:
-        """The sentence: 'A was slower than B: 1.31x (...)' or '... no difference ...'."""
-        if self.word is None:
-            return f"{a_name} against {b_name}: {UNRESOLVED}, {self.interval()}"
-        return f"{a_name} was {self.word} than {b_name}: {self.interval()}"
+        """'A against B: slower, 1.31x (...)' or 'A against B: no difference ..., 1.02x (...)'."""
+        return f"{a_name} against {b_name}: {self.word or UNRESOLVED}, {self.interval()}"
 
 
 def compare(

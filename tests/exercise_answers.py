@@ -250,7 +250,7 @@ WRONG["nb04-ex3"] = SECOND["nb04-ex3"].replace(
 SECOND["nb04-ex4"] = _("""
     sqrt_rate = BASE_LR * K ** 0.5
     sqrt_run = run_config(
-        "exercise-sqrt-rule", fastest_replicas, [BIG_BATCH for _ in range(SCALING_EPOCHS)],
+        "exercise-sqrt-rule", TRAIN_REPLICAS, [BIG_BATCH for _ in range(SCALING_EPOCHS)],
         n=SCALING_N,
         optimizer=keras.optimizers.SGD(learning_rate=warmup(sqrt_rate, steps_per_epoch),
                                        momentum=0.9),

@@ -18,7 +18,7 @@ def test_three_repeats_a_side_bound_the_ratio_by_the_range_of_the_nine_pairwise_
     assert c.ratio == pytest.approx(ratios[4])  # the median of the nine
     assert c.direction == -1 and c.word == "faster"
     assert c.says("one replica", "two") == (
-        f"one replica was faster than two: {c.ratio:.2f}x ({ratios[0]:.2f}x to "
+        f"one replica against two: faster, {c.ratio:.2f}x ({ratios[0]:.2f}x to "
         f"{ratios[-1]:.2f}x, 90 % interval, 3 and 3 repeats)"
     )
     assert compare(b, a, more="slower", less="faster").word == "slower"
