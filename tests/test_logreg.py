@@ -139,3 +139,28 @@ def test_train_refuses_bad_arguments(kwargs, message):
 def test_model_refuses_negative_l2():
     with pytest.raises(ValueError, match="l2 must be >= 0, got -1"):
         logreg.SoftmaxRegression(5, 3, l2=-1)
+
+
+def test_sharpness_at_zero_weights_is_the_closed_form_hessians_largest_eigenvalue():
+    # at W = 0, b = 0 every p(y | x) is 1/k: the Hessian of the mean cross-entropy over
+    # theta = [W; b] is (X1' X1 / n) kron (I/k - 11'/k^2), X1 = [X, 1], plus 2 l2 on W only
+    x, y = blobs(n=200, d=4, k=3)
+    n, d, k, l2 = len(y), 4, 3, 0.05
+    x1 = np.hstack([x, np.ones((n, 1), np.float32)]).astype(np.float64)
+    hessian = np.kron(x1.T @ x1 / n, np.eye(k) / k - np.ones((k, k)) / k**2)
+    hessian += np.diag(np.r_[np.full(d * k, 2 * l2), np.zeros(k)])  # W row-major, then b
+    expected = np.linalg.eigvalsh(hessian).max()
+    model = logreg.SoftmaxRegression(d, k, l2=l2)
+    assert logreg.sharpness(model, x, y) == pytest.approx(expected, rel=1e-3)
+
+
+def test_sharpness_of_weights_that_diverged_is_nan_and_history_keeps_each_epochs_weights():
+    x, y = blobs()
+    model = logreg.SoftmaxRegression(5, 3)
+    h = logreg.train(
+        model, {"train": (x, y)}, schedules.Constant(0.1), epochs=2, batch_size=50, progress=False
+    )
+    assert len(h.weights) == 2 and np.array_equal(h.weights[-1][0], model.w.numpy())
+    assert logreg.sharpness(model, x, y) > 0
+    model.w.assign(tf.fill(model.w.shape, np.inf))
+    assert np.isnan(logreg.sharpness(model, x, y))

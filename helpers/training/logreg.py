@@ -65,6 +65,7 @@ class History:
     epoch: dict = field(default_factory=dict)  # "<split>_loss" / "<split>_acc" -> list per epoch
     step_lr: list = field(default_factory=list)  # learning rate used at each step
     step_loss: list = field(default_factory=list)  # regularised mini-batch loss at each step
+    weights: list = field(default_factory=list)  # (W, b) as numpy arrays after each epoch
     log_dir: str | None = None
 
     def final(self, key: str) -> float:
@@ -134,10 +135,49 @@ def train(
                         log_scalar("batch_loss", loss, step)
                 step += 1
             _evaluate_splits(evaluate, tensors, history, writer, epoch)
+            history.weights.append((model.w.numpy(), model.b.numpy()))
     finally:
         if writer is not None:
             writer.close()
     return history
+
+
+def sharpness(model: SoftmaxRegression, x, y) -> float:
+    """The largest eigenvalue of the Hessian of the regularised full-batch loss at the model's
+    weights: SciPy's Lanczos solver (`eigsh`) on Hessian-vector products from two nested
+    GradientTapes, so the Hessian itself is never formed.
+
+    Gradient descent with a fixed rate eta on a quadratic diverges along the top eigenvector once
+    eta > 2 / sharpness: the stability limit notebook 02 draws. NaN if the weights are not finite.
+    """
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    if not (np.all(np.isfinite(model.w.numpy())) and np.all(np.isfinite(model.b.numpy()))):
+        return float("nan")
+    with tf.device(model.device):
+        x, y = tf.constant(x, tf.float32), tf.constant(y, tf.int64)
+    variables = (model.w, model.b)
+    shapes = [v.shape for v in variables]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    @tf.function
+    def hvp(flat):
+        parts = tf.split(flat, sizes)
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                _, loss = model.losses(x, y)
+            grads = inner.gradient(loss, variables)
+            along = tf.add_n(
+                [tf.reduce_sum(g * tf.reshape(d, g.shape)) for g, d in zip(grads, parts)]
+            )
+        return tf.concat([tf.reshape(h, [-1]) for h in outer.gradient(along, variables)], 0)
+
+    n = sum(sizes)
+    op = LinearOperator(
+        (n, n), matvec=lambda v: hvp(tf.constant(v.ravel(), tf.float32)).numpy(), dtype=np.float32
+    )
+    v0 = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    return float(eigsh(op, k=1, which="LA", v0=v0, tol=1e-4, return_eigenvectors=False)[0])
 
 
 def _check(splits: dict, epochs, batch_size) -> None:
