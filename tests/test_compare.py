@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from helpers.compare import UNRESOLVED, compare
+from helpers.compare import UNRESOLVED, compare, compare_paired
 
 
 def test_three_repeats_a_side_bound_the_ratio_by_the_range_of_the_nine_pairwise_ratios():
@@ -84,3 +84,61 @@ def test_bad_measurements_are_named(a, b, named):
 def test_a_level_outside_its_range_is_named():
     with pytest.raises(ValueError, match="level 1.0 must be in"):
         compare([1, 2], [1, 2], level=1.0)
+
+
+def test_paired_five_agreeing_pairs_resolve_and_the_interval_spans_the_walsh_extremes():
+    d = [0.5, 1.0, 2.0, 3.0, 4.0]
+    c = compare_paired(d, [0.0] * 5, more="higher", less="lower")
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(5) for j in range(i, 5))
+    assert (c.low, c.high) == pytest.approx((walsh[0], walsh[-1]))
+    assert c.difference == pytest.approx(np.median(walsh))
+    assert c.direction == 1 and c.word == "higher"
+    assert c.says("fold", "drop") == (
+        "fold against drop: higher, +2.0000 (+0.5000 to +4.0000, 90 % interval, 5 pairs)"
+    )
+    assert c.interval(digits=2) == "+2.00 (+0.50 to +4.00, 90 % interval, 5 pairs)"
+    assert "these seeds" in compare_paired([1, 2, 3], [0] * 3).says("a", "b", "these seeds")
+
+
+def test_paired_three_pairs_never_resolve_and_one_disagreeing_pair_of_five_is_no_direction():
+    assert compare_paired([1, 2, 3], [0, 0, 0]).direction == 0
+    assert "3 pairs: too few to bound it at 90 %" in compare_paired([1, 2, 3], [0, 0, 0]).says(
+        "a", "b"
+    )
+    c = compare_paired([1, 2, 3, 4, -5], [0] * 5)
+    assert c.direction == 0 and c.low < 0 < c.high and UNRESOLVED in c.says("a", "b")
+
+
+def test_paired_equal_samples_are_called_different_at_most_at_the_stated_rate():
+    rng = np.random.default_rng(3)
+    said = [compare_paired(rng.normal(size=6), rng.normal(size=6)).direction for _ in range(300)]
+    assert np.mean(np.abs(said)) < 0.14
+    assert compare_paired([1.0, 2.0], [1.0, 2.0]).direction == 0  # identical: a zero difference
+
+
+@pytest.mark.parametrize(
+    "a, b, named",
+    [
+        ([1.0, 2.0], [1.0], "a has 2 values and b 1"),
+        ([1.0], [1.0], "a has 1 values and b 1"),
+        ([1.0, math.inf], [1.0, 2.0], "inf is not a finite measurement"),
+    ],
+)
+def test_paired_bad_input_is_named(a, b, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        compare_paired(a, b)
+
+
+def test_paired_t_interval_is_students_and_resolves_a_consistent_difference_of_three_pairs():
+    a, b = [1.0, 1.2, 1.1], [0.0, 0.1, 0.05]
+    c = compare_paired(a, b, method="t")
+    d = np.subtract(a, b)
+    half = 2.919986 * d.std(ddof=1) / np.sqrt(3)  # t(0.95, 2 degrees of freedom)
+    assert (c.difference, c.low, c.high) == pytest.approx(
+        (d.mean(), d.mean() - half, d.mean() + half), rel=1e-5
+    )
+    assert c.direction == 1 and compare_paired(a, b).direction == 0  # the rank test cannot
+    two = compare_paired([1.0, 1.01], [0.0, 0.0], method="t")
+    assert two.direction == 0 and "2 pairs: too few to bound it" in two.says("a", "b")
+    with pytest.raises(ValueError, match="method 'z' is not"):
+        compare_paired(a, b, method="z")
