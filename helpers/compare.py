@@ -50,6 +50,11 @@ def _checked(name: str, values: Sequence[float]) -> tuple[float, ...]:
     return out
 
 
+def _check_level(name: str, level: float) -> None:
+    if not 0.5 <= level < 1:
+        raise ValueError(f"{name}: level {level!r} must be in [0.5, 1), for example 0.9")
+
+
 def _not_rejected(points: np.ndarray, p_value, level: float) -> tuple[float, float]:
     """The shifts a test does not reject at 1 - level, as (low, high), infinite when unbounded.
 
@@ -109,11 +114,15 @@ class _Verdict:
         `unresolved` names what could not resolve it (pairs of seeds are not "this machine")."""
         return f"{a_name} against {b_name}: {self.word or unresolved}, {self.interval()}"
 
-    def _unbounded(self) -> bool:
-        return math.isinf(self.high) or math.isinf(self.low) or self.low == 0 < self.NO_DIFFERENCE
-
-    def _too_few(self, counts: str) -> str:
-        return f"{counts}: too few to bound it at {self.level * 100:.0f} %"
+    def _text(self, estimate: float, value, counts: str) -> str:
+        """The estimate and its interval, each figure written by `value`, then the counts."""
+        level = f"{self.level * 100:.0f} %"
+        if math.isinf(self.high) or math.isinf(self.low) or self.low == 0 < self.NO_DIFFERENCE:
+            return f"{value(estimate)} ({counts}: too few to bound it at {level})"
+        return (
+            f"{value(estimate)} ({value(self.low)} to {value(self.high)}, {level} interval, "
+            f"{counts})"
+        )
 
 
 @dataclass(frozen=True)
@@ -126,12 +135,7 @@ class Comparison(_Verdict):
     def interval(self) -> str:
         """'1.11x (0.95x to 1.30x, 90 % interval, 3 and 3 repeats)'."""
         counts = f"{len(self.a)} and {len(self.b)} repeats"
-        if self._unbounded():
-            return f"{self.ratio:.2f}x ({self._too_few(counts)})"
-        level = f"{self.level * 100:.0f} %"
-        return (
-            f"{self.ratio:.2f}x ({self.low:.2f}x to {self.high:.2f}x, {level} interval, {counts})"
-        )
+        return self._text(self.ratio, lambda v: f"{v:.2f}x", counts)
 
 
 def compare(
@@ -143,8 +147,7 @@ def compare(
     level: float = 0.9,
 ) -> Comparison:
     """Repeated measurements a against b (see the module's docstring); raises on bad input."""
-    if not 0.5 <= level < 1:
-        raise ValueError(f"compare: level {level!r} must be in [0.5, 1), for example 0.9")
+    _check_level("compare", level)
     a, b = _checked("a", a), _checked("b", b)
     log_a, log_b = np.log(a), np.log(b)
     low, high = _interval(log_a, log_b, level)
@@ -175,13 +178,7 @@ class PairedComparison(_Verdict):
 
     def interval(self, digits: int = 4) -> str:
         """'+0.0030 (-0.0010 to +0.0050, 90 % interval, 5 pairs)'."""
-        counts = f"{len(self.a)} pairs"
-        if self._unbounded():
-            return f"{self.difference:+.{digits}f} ({self._too_few(counts)})"
-        return (
-            f"{self.difference:+.{digits}f} ({self.low:+.{digits}f} to {self.high:+.{digits}f}, "
-            f"{self.level * 100:.0f} % interval, {counts})"
-        )
+        return self._text(self.difference, lambda v: f"{v:+.{digits}f}", f"{len(self.a)} pairs")
 
 
 def compare_paired(
@@ -201,8 +198,7 @@ def compare_paired(
     bounds nothing from 2 pairs (one degree of freedom)."""
     if method not in ("wilcoxon", "t"):
         raise ValueError(f"compare_paired: method {method!r} is not 'wilcoxon' or 't'")
-    if not 0.5 <= level < 1:
-        raise ValueError(f"compare_paired: level {level!r} must be in [0.5, 1), for example 0.9")
+    _check_level("compare_paired", level)
     a, b = (tuple(float(v) for v in x) for x in (a, b))
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(

@@ -138,9 +138,13 @@ def _per_worker(steps, phases) -> tuple[dict, list]:
     return compute, cvs
 
 
-def _steps_per_s(cfg, costs, ps: int) -> float:
-    result = simulate(cfg, costs, ps=ps)
+def _rate(result) -> float:
+    """A simulation's worker steps per simulated second."""
     return sum(result.steps.values()) / result.seconds if result.seconds else float("nan")
+
+
+def _steps_per_s(cfg, costs, ps: int) -> float:
+    return _rate(simulate(cfg, costs, ps=ps))
 
 
 def _fit_scale(cfg, costs_at, measured: float, ps: int) -> float:
@@ -278,7 +282,7 @@ def calibrate(run, cores: int | None = None, sharded=None, waiting=None) -> Cali
         ps=run.ps_tasks,
         steps=n,
         steps_per_s=measured,
-        simulated_steps_per_s=sum(own.steps.values()) / own.seconds if own.seconds else math.nan,
+        simulated_steps_per_s=_rate(own),
         scale=float(scale),
         call_s=pull + push,
         simulated_call_s=float(np.median(own.pulls) + np.median(own.pushes)),

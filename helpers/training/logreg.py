@@ -144,21 +144,27 @@ def train(
 
 def sharpness(model: SoftmaxRegression, x, y) -> float:
     """The largest eigenvalue of the Hessian of the regularised full-batch loss at the model's
-    weights: SciPy's Lanczos solver (`eigsh`) on Hessian-vector products from two nested
-    GradientTapes, so the Hessian itself is never formed.
+    weights (see `sharpness_along`). NaN if the weights are not finite."""
+    return sharpness_along(model, x, y, [(model.w.numpy(), model.b.numpy())])[0]
+
+
+def sharpness_along(model: SoftmaxRegression, x, y, weights) -> list[float]:
+    """The sharpness at each (W, b) of `weights` (a History's, say), loaded into `model` in
+    turn: the largest eigenvalue of the regularised full-batch loss's Hessian, from SciPy's
+    Lanczos solver (`eigsh`) on Hessian-vector products of two nested GradientTapes, so the
+    Hessian itself is never formed. The data become one tensor and the product is traced once
+    for all of them. NaN for weights that are not finite.
 
     Gradient descent with a fixed rate eta on a quadratic diverges along the top eigenvector once
-    eta > 2 / sharpness: the stability limit notebook 02 draws. NaN if the weights are not finite.
+    eta > 2 / sharpness: the stability limit notebook 02 draws. The model's weights are left at
+    the last (W, b).
     """
     from scipy.sparse.linalg import LinearOperator, eigsh
 
-    if not (np.all(np.isfinite(model.w.numpy())) and np.all(np.isfinite(model.b.numpy()))):
-        return float("nan")
     with tf.device(model.device):
         x, y = tf.constant(x, tf.float32), tf.constant(y, tf.int64)
     variables = (model.w, model.b)
-    shapes = [v.shape for v in variables]
-    sizes = [int(np.prod(s)) for s in shapes]
+    sizes = [int(np.prod(v.shape)) for v in variables]
 
     @tf.function
     def hvp(flat):
@@ -177,7 +183,15 @@ def sharpness(model: SoftmaxRegression, x, y) -> float:
         (n, n), matvec=lambda v: hvp(tf.constant(v.ravel(), tf.float32)).numpy(), dtype=np.float32
     )
     v0 = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    return float(eigsh(op, k=1, which="LA", v0=v0, tol=1e-4, return_eigenvectors=False)[0])
+    out = []
+    for w, b in weights:
+        if not (np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
+            out.append(float("nan"))
+            continue
+        model.w.assign(w)
+        model.b.assign(b)
+        out.append(float(eigsh(op, k=1, which="LA", v0=v0, tol=1e-4, return_eigenvectors=False)[0]))
+    return out
 
 
 def _check(splits: dict, epochs, batch_size) -> None:
