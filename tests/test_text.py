@@ -66,20 +66,33 @@ def small_model(shared_data):
         # 40 epochs: gensim seeds word vectors with Python's hash(), which differs between
         # processes unless PYTHONHASHSEED is set; at 15 epochs the rank-0 share below swung
         # 0.55-0.65 over hash seeds, at 40 it stays 0.775-0.8.
+        seconds = []
         model = doc2vec.train_doc2vec(
-            corpus, dm=0, vector_size=24, epochs=40, seed=0, workers=1, progress=False
+            corpus,
+            dm=0,
+            vector_size=24,
+            epochs=40,
+            seed=0,
+            workers=1,
+            progress=False,
+            epoch_seconds=seconds,
         )
-        return corpus, model, list(corpus)
+        return corpus, model, list(corpus), seconds
 
 
 def test_doc2vec_learns_one_vector_per_document(small_model):
-    corpus, model, docs = small_model
+    corpus, model, docs, _ = small_model
     assert len(model.dv) == len(corpus) == 350
     assert model.dv.vectors.shape == (350, 24)
 
 
+def test_each_epoch_is_timed(small_model):
+    *_, seconds = small_model
+    assert len(seconds) == 40 and all(0 < t < 60 for t in seconds), seconds
+
+
 def test_inferred_vectors_sit_near_the_trained_ones(small_model):
-    corpus, model, docs = small_model
+    corpus, model, docs, _ = small_model
     inferred = doc2vec.infer_vectors(model, docs[:40], progress=False)
     assert inferred.shape == (40, 24) and inferred.dtype == np.float32
     trained = model.dv.vectors[:40]

@@ -10,16 +10,19 @@ from gensim.models.doc2vec import Doc2Vec
 
 
 class _EpochBar(CallbackAny2Vec):
-    """Advance a tqdm bar once per epoch and show the training speed in words/s."""
+    """Advance a tqdm bar once per epoch, show the training speed in words/s, and append each
+    epoch's wall-clock seconds to `seconds`."""
 
-    def __init__(self, bar, words_per_epoch: int):
-        self.bar, self.words, self.t0 = bar, words_per_epoch, None
+    def __init__(self, bar, words_per_epoch: int, seconds: list):
+        self.bar, self.words, self.t0, self.seconds = bar, words_per_epoch, None, seconds
 
     def on_epoch_begin(self, model):
         self.t0 = time.perf_counter()
 
     def on_epoch_end(self, model):
-        rate = self.words / max(time.perf_counter() - self.t0, 1e-9)
+        elapsed = time.perf_counter() - self.t0
+        self.seconds.append(elapsed)
+        rate = self.words / max(elapsed, 1e-9)
         self.bar.set_postfix_str(f"{rate / 1e3:,.0f}k words/s")
         self.bar.update(1)
 
@@ -33,6 +36,7 @@ def train_doc2vec(
     seed: int = 0,
     workers: int = 2,
     progress: bool = True,
+    epoch_seconds: list | None = None,
     **kwargs,
 ) -> Doc2Vec:
     """Build the vocabulary and train a Doc2Vec model with a tqdm bar over epochs.
@@ -45,6 +49,8 @@ def train_doc2vec(
         seed: seed of the model's initialisation (exact repeats also need workers=1).
         workers: training threads.
         progress: show the tqdm bar.
+        epoch_seconds: a list to which each epoch's wall-clock seconds are appended: one
+            repeated measurement per epoch, of the same work.
         **kwargs: passed on to gensim's Doc2Vec (window, min_count, dbow_words, ...).
     Returns:
         The trained gensim Doc2Vec model.
@@ -68,7 +74,11 @@ def train_doc2vec(
             corpus,
             total_examples=model.corpus_count,
             epochs=epochs,
-            callbacks=[_EpochBar(bar, model.corpus_total_words)],
+            callbacks=[
+                _EpochBar(
+                    bar, model.corpus_total_words, [] if epoch_seconds is None else epoch_seconds
+                )
+            ],
         )
     return model
 
