@@ -161,7 +161,7 @@ SECOND["nb03-ex2"] = _("""
         h = train_loop(net, opt, make_loss("sparse_softmax_ce"),
                   (x_train, y_train), (x_test, y_test), epochs=1, batch_size=BATCH)
         k = net.layers[-1].kernel.numpy()
-        return float(np.count_nonzero(k == 0) / k.size), float(h["test_acc"][-1])
+        return float(np.count_nonzero(k == 0) / k.size), float(h["eval_acc"][-1])
 
     zeros_plain, acc_plain = zero_share_and_acc(0.0)
     zeros_l1, acc_l1 = zero_share_and_acc(1e-3)

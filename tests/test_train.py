@@ -36,8 +36,12 @@ def test_training_learns_and_records_growing_batches():
     )
     assert hist["batch_sizes"] == [20, 30, 40]
     assert hist["steps"] == 30 + 20 + 15
-    assert hist["test_acc"][-1] > 0.9 and not hist["diverged"]
-    assert hist["test_acc"][-1] == accuracy(model, *_blobs(200, 1))
+    assert hist["eval_acc"][-1] > 0.9 and not hist["diverged"]
+    held_out = _blobs(200, 1)
+    assert hist["eval_acc"][-1] == accuracy(model, *held_out)
+    # the predictions behind the last score, one per held-out example
+    assert np.mean(np.array(hist["eval_pred"]) == held_out[1]) == hist["eval_acc"][-1]
+    assert len(hist["epoch_seconds"]) == 3 and sum(hist["epoch_seconds"]) <= hist["seconds"]
 
 
 def test_huge_learning_rate_is_flagged_as_diverged():
@@ -53,4 +57,4 @@ def test_huge_learning_rate_is_flagged_as_diverged():
         epochs=3,
         batch_size=50,
     )
-    assert hist["diverged"]
+    assert hist["diverged"] and hist["eval_pred"] == []
