@@ -317,10 +317,10 @@ WRONG["nb06-ex1"] = SECOND["nb06-ex1"].replace(
 SECOND["nb06-ex2"] = _("""
     from scipy.optimize import brentq
 
-    beta_max = brentq(lambda beta: spectral_radius(2.0, 0.5, [beta]) - 1.0, 0.01, 2.0, xtol=1e-8)
+    beta_max = brentq(lambda beta: spectral_radius(2.0, 0.4, [beta]) - 1.0, 0.01, 2.0, xtol=1e-8)
 """)
 WRONG["nb06-ex2"] = _("""
-    beta_max = 0.5 * 0.5  # the sufficient condition, not the boundary
+    beta_max = 0.4  # the quadratic's sufficient condition, not the boundary
 """)
 
 SECOND["nb06-ex3"] = _("""
