@@ -375,31 +375,38 @@ WRONG["nb07-ex3"] = SECOND["nb07-ex3"].replace("(events.t > fault_t)", "(events.
 
 # ----------------------------------------------------------------------------- 08 TF's strategies
 SECOND["nb08-ex1"] = _("""
-    def ring_allreduce_bytes(grad_bytes, n):
-        rounds = 2 * (n - 1)          # reduce-scatter, then all-gather
-        return rounds * grad_bytes / n
+    def ring_seconds(grad_bytes, n, latency_s, bytes_per_s):
+        rounds = 2 * (n - 1)  # reduce-scatter, then all-gather
+        return rounds * latency_s + rounds * (grad_bytes / n) / bytes_per_s
 
-    wire_over_formula = {}
-    for workers, launch in launches.items():
-        if workers < 2 or not launch.isolated:
-            continue
-        conv = mwms[workers]["runs"][0]
-        total_steps = conv["steps_per_epoch"] * EPOCHS
-        predicted = workers * total_steps * ring_allreduce_bytes(conv["grad_bytes"], workers)
-        wire_over_formula[workers] = conv["loopback_bytes"] / predicted
+    def tree_seconds(grad_bytes, n, latency_s, bytes_per_s):
+        depth = 0
+        while 2 ** depth < n:
+            depth += 1
+        return 2 * depth * (latency_s + grad_bytes / bytes_per_s)
+
+    ring_faster_up_to = {}
+    for gradient in (4, G, 400e6):
+        best = 2
+        for n in range(2, 1025):
+            if ring_seconds(gradient, n, 5e-5, 1.25e9) <= tree_seconds(gradient, n, 5e-5, 1.25e9):
+                best = n
+        ring_faster_up_to[gradient] = best
 """)
-WRONG["nb08-ex1"] = SECOND["nb08-ex1"].replace("rounds * grad_bytes / n", "(n - 1) * grad_bytes")
+WRONG["nb08-ex1"] = SECOND["nb08-ex1"].replace(
+    "rounds * (grad_bytes / n) / bytes_per_s", "rounds * grad_bytes / bytes_per_s"
+)
 
 SECOND["nb08-ex2"] = _("""
-    top = sweep["test_accuracy"].max()
+    lowest = sweep["train_loss"].min()
     qualifying = {b: sweep.loc[b, "time_s"] for b in sweep.index
-                  if sweep.loc[b, "test_accuracy"] >= top - 0.02}
+                  if sweep.loc[b, "train_loss"] <= 2 * lowest}
     for b, seconds in qualifying.items():
-        print(f"batch {b}: {seconds:.2f} s, accuracy {sweep.loc[b, 'test_accuracy']:.4f}")
+        print(f"batch {b}: {seconds:.2f} s, training loss {sweep.loc[b, 'train_loss']:.4f}")
     best_batch = int(min(qualifying, key=qualifying.get))
 """)
 WRONG["nb08-ex2"] = _("""
-    good = sweep.test_accuracy >= sweep.test_accuracy.max() - 0.02
+    good = sweep.train_loss <= 2 * sweep.train_loss.min()
     best_batch = int(sweep.time_s[good].argmin())  # a position among the rows, not a batch size
 """)
 
