@@ -140,7 +140,7 @@ class Node:
             log.close()
             self.on_dead = None
             # a node serves many runs: drop this run's model, traced functions and data
-            # (each loop's tf.function refers back to the loop), or every run adds ~20 MB
+            # (each loop's tf.function refers back to the loop), or every run adds its memory again
             loop = model = data = res = None
             import keras
 

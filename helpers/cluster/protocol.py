@@ -64,7 +64,7 @@ def batches(rng, n: int, size: int):
 class SSPGate:
     """SSP's step tokens for a set of workers, kept incrementally: ssp_grants' rule, with the
     slowest live clock tracked as clocks advance (each by one) instead of a min over all
-    workers at every push, so a push costs O(1) amortised at 1,000 workers.
+    workers at every push, so a push costs O(1) amortised however many workers there are.
 
     `start`, `pushed` and `remove` return the tokens to hand out now, as (worker, clock of
     the step it may start, slowest live clock) triples. The PS (ps.py) and the simulator

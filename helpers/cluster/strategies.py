@@ -163,7 +163,7 @@ def _worker_batches(strategy, x, y, task: int, workers: int, batch: int, seed: i
     # Each worker reads its own shard with its own tf.data pipeline: nothing is shipped
     # between them. A plain iterator, not `distribute_datasets_from_function`: under MWMS that
     # wraps the pipeline in a MultiDeviceIterator whose per-device part keeps a tf.data
-    # autotuning thread that the iterator's deletion waited out, for 0 to 55 s after a run.
+    # autotuning thread that the iterator's deletion waited out, for many seconds after a run.
     # Without autotuning, deleting this one is quick.
     n = strategy.num_replicas_in_sync
     local_replicas = len(strategy.extended.worker_devices)  # 1 per worker on CPU

@@ -12,7 +12,7 @@ lacks three things this project tests. It has no local-folder mirror (its downlo
 http, https, ftp, sftp and doi URLs only; CI and offline classrooms point LABS_DATA_MIRROR at a
 folder). Its Untar extracts in place and trusts any member file that exists, so an interrupted
 extraction leaves half a member that is then served as cached. And it keeps the 68 MB archive
-next to its contents. What pooch would replace is the ~40 lines of HTTP streaming and hashing.
+next to its contents. What pooch would replace is the few dozen lines of HTTP streaming and hashing.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ What a run's record gives (its training window only, after the warm-up):
 
 The model those figures are fitted to, and why: on this machine a step's pull and push are
 mostly the PS's time, taken one request at a time. Adding workers to async logistic regression
-(1 PS task, 2 cores) raised the steps per second little (435, 449 and 542 with 1, 2 and 4
-workers in one measured series) while every pull and push grew. So the pull and the push are
+(1 PS task, 2 cores) raised the steps per second far less than it raised the workers, while every pull and
+push grew. So the pull and the push are
 the PS's work on the step (Costs.serve_s), in turn, on a core; the compute is the worker's, on
 a core; the CPU the run used beyond those is spent off the step's path (background_s: logging,
 the runtime's threads).

@@ -63,7 +63,7 @@ def judged(real: list[dict], sim: dict) -> dict:
 
 
 def typical(runs: list):
-    """The repeat with the median updates per second: one run's rate moves 20-30 % with the
+    """The repeat with the median updates per second: one run's rate moves with the
     machine's load, and calibrating on the middle one keeps an outlier out of every
     prediction."""
     return sorted(runs, key=lambda r: measured(r)["updates_per_s"])[len(runs) // 2]

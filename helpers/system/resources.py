@@ -96,7 +96,7 @@ class ResourceMonitor:
     the end, PSS (shared pages split between the processes that map them: the processes'
     PSS add up to what they cost together) and USS (the pages only this process maps: what
     ending it would free). Those come from psutil's memory_full_info, which reads
-    /proc/PID/smaps: ~10 ms per TF process, too slow to sample as often as RSS.
+    /proc/PID/smaps: it walks every mapping of a TF process, too slow to sample as often as RSS.
     """
 
     def __init__(
@@ -203,9 +203,8 @@ def peak_memory_mb(fn) -> tuple[object, float]:
 
 
 MEMORY_ENV = "LABS_MEMORY_MB"  # the memory the lessons may use, when less than the OS reports
-# One TF process of a cluster, measured as PSS (shared libraries split between processes): an
-# idle TF server 440 MB, a PS with 2 workers 1.4 GB together (`python -m helpers.doctor`
-# prints today's figure per notebook, from `make run`).
+# One TF process of a cluster, measured as PSS (shared libraries split between processes):
+# `python -m helpers.doctor` prints today's figure per notebook, from `make run`.
 TF_PROCESS_MB = 480
 
 
