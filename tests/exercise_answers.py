@@ -56,23 +56,26 @@ WRONG["nb01-ex1"] = SECOND["nb01-ex1"].replace(
 
 SECOND["nb01-ex2"] = _("""
     tally = collections.Counter(itertools.chain.from_iterable(d.words for d in train_corpus))
-    vocab_size = len([token for token, n in tally.items() if n >= MIN_COUNT])
+    n_distinct = len(tally)
+    vocab_5 = len([token for token, n in tally.items() if n >= 5])
+    total = sum(tally.values())
+    dropped_share = sum(n for n in tally.values() if n < MIN_COUNT) / total
 """)
-WRONG["nb01-ex2"] = _("""
-    tally = collections.Counter(itertools.chain.from_iterable(d.words for d in train_corpus))
-    vocab_size = len(tally)
-""")
+WRONG["nb01-ex2"] = SECOND["nb01-ex2"].replace(
+    "sum(n for n in tally.values() if n < MIN_COUNT) / total",
+    "sum(1 for n in tally.values() if n < MIN_COUNT) / len(tally)",  # of the vocabulary
+)
 
 SECOND["nb01-ex3"] = _("""
-    learned = models["PV-DBOW"].dv
+    learned = models["PV-DM"].dv
     x_dv = np.stack([learned.get_vector(i) for i in range(len(train_corpus))])
-    dv_clf = fit_logreg(x_dv, features["PV-DBOW"]["dev"])[0]
-    dv_test_acc = float(np.mean(dv_clf.predict(features["PV-DBOW"]["test"]) == y_test))
+    dv_clf = fit_logreg(x_dv, features["PV-DM"]["dev"])[0]
+    dv_test_acc = float(np.mean(dv_clf.predict(features["PV-DM"]["test"]) == y_test))
 """)
 WRONG["nb01-ex3"] = _("""
-    x_dv = features["PV-DBOW"]["train"]
-    dv_clf = fit_logreg(x_dv, features["PV-DBOW"]["dev"])[0]
-    dv_test_acc = float(np.mean(dv_clf.predict(features["PV-DBOW"]["test"]) == y_test))
+    x_dv = features["PV-DM"]["train"]
+    dv_clf = fit_logreg(x_dv, features["PV-DM"]["dev"])[0]
+    dv_test_acc = float(np.mean(dv_clf.predict(features["PV-DM"]["test"]) == y_test))
 """)
 
 SECOND["nb01-ex4"] = _("""
@@ -138,11 +141,11 @@ WRONG["nb02-ex3"] = SECOND["nb02-ex3"].replace(
 # ----------------------------------------------------------------------------- 03 optimizers
 SECOND["nb03-ex1"] = _("""
     f_quad, x0, _ = FUNCTIONS["quadratic"]
-    low, high = 0.01, 0.1
+    start_loss = float(f_quad(tf.constant(x0, tf.float64)))
+    low, high = 0.01, 0.2
     while high - low > 1e-4:
         probe = 0.5 * (low + high)
-        _, final_loss, diverged = run_2d("gd", probe, f_quad, x0, steps=200)
-        start_loss = float(f_quad(tf.constant(x0, tf.float64)))
+        _, final_loss, diverged = run_2d("momentum", probe, f_quad, x0, steps=200)
         if diverged or not final_loss < start_loss:
             high = probe
         else:
@@ -150,7 +153,7 @@ SECOND["nb03-ex1"] = _("""
     lr_threshold = low
 """)
 WRONG["nb03-ex1"] = _("""
-    lr_threshold = 2 / 25
+    lr_threshold = 2 / 50  # gradient descent's threshold, not momentum's
 """)
 
 SECOND["nb03-ex2"] = _("""
@@ -199,7 +202,7 @@ SECOND["nb03-ex4"] = _("""
             optimizer.apply_gradients(zip([recorder.gradient(value, xy)], [xy]))
         return float(f_rosen(xy))
 
-    rosen_by_momentum = {beta: final_loss(beta) for beta in (0.0, 0.5, 0.9)}
+    rosen_by_momentum = {beta: final_loss(beta) for beta in (0.5, 0.8, 0.95, 0.99)}
 """)
 WRONG["nb03-ex4"] = SECOND["nb03-ex4"].replace(
     "{beta: final_loss(beta)", "{str(beta): final_loss(beta)"
@@ -268,8 +271,8 @@ SECOND["nb05-ex1"] = _("""
             return True
         return clock <= min(live_clocks) + s
 
-    recorded = runlogs.steps(runs["ssp s=1", 3])["gap"]
-    violations = sum(1 for g in recorded if not may_step(int(g), [0], 1))
+    recorded = runlogs.steps(runs["ssp s=3", 2])["gap"]
+    refused = sum(1 for g in recorded if not may_step(int(g), [0], 1))
 """)
 WRONG["nb05-ex1"] = SECOND["nb05-ex1"].replace(
     "clock <= min(live_clocks) + s", "clock < min(live_clocks) + s"
@@ -282,6 +285,8 @@ SECOND["nb05-ex2"] = _("""
 
     lenet_sent, lenet_received = ps_traffic(61_706, 16 * 1_000)
     lenet_mb = (lenet_sent + lenet_received) / 1e6
+    out_per_s, in_per_s = ps_traffic(61_706, 1 / 0.005)
+    max_workers = int(np.floor(1.25e9 / max(out_per_s, in_per_s)))
 """)
 WRONG["nb05-ex2"] = SECOND["nb05-ex2"].replace("steps * (per_pull + header)", "steps * per_pull")
 
@@ -436,15 +441,21 @@ WRONG["nb08-ex4"] = _("""
 
 # ----------------------------------------------------------------------------- 09 Past the laptop
 SECOND["nb09-ex1"] = _("""
-    per_update = wide.serve_s + wide.apply_s  # the PS's seconds for one step, one at a time
-    ps_limit = 1.0 / per_update
-    busy = simulate(run_config(mode="async", workers=64, steps=3000, seed=1), wide, seed=3)
-    sim_rate_64 = busy.updates / busy.seconds
+    step_costs = with_costs(cal, cores=None, compute_s=11 * ps_work)
+    one_worker_rate = 1.0 / (step_costs.compute_s + ps_work)  # requests/s from one worker
+    knee_pred = 1
+    while knee_pred * one_worker_rate < 0.9 * ps_max:
+        knee_pred += 1
+    knee_sim = None
+    for workers in range(1, 25):
+        run = simulate(run_config(mode="async", workers=workers, steps=2000), step_costs)
+        if run.updates / run.seconds >= 0.9 * ps_max:
+            knee_sim = workers
+            break
 """)
-WRONG["nb09-ex1"] = _("""
-    ps_limit = wide.serve_s + wide.apply_s  # seconds per update, left uninverted
-    sim_rate_64 = simulate(run_config(mode="async", workers=64, steps=2000), wide).updates_per_s
-""")
+WRONG["nb09-ex1"] = SECOND["nb09-ex1"].replace(
+    "1.0 / (step_costs.compute_s + ps_work)", "1.0 / step_costs.compute_s"
+)
 
 SECOND["nb09-ex2"] = _("""
     import math

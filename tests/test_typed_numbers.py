@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import nbformat
 
-from tools.typed_numbers_allowed import ALLOWED, unaccounted, unused
 from tools import typed_numbers as tn
+from tools.typed_numbers_allowed import ALLOWED, unaccounted, unused
 
 
 def test_no_typed_number_is_left_in_the_lessons_or_the_helpers():

@@ -8,13 +8,12 @@ What a run's record gives (its training window only, after the warm-up):
 - from the launcher's CPU samples of every process: the run's CPU seconds per worker step, the
   PS tasks' among them.
 
-The model those figures are fitted to, and why: on this machine a step's pull and push are
-mostly the PS's time, taken one request at a time. Adding workers to async logistic regression
-(1 PS task, 2 cores) raised the steps per second far less than it raised the workers, while every pull and
-push grew. So the pull and the push are
-the PS's work on the step (Costs.serve_s), in turn, on a core; the compute is the worker's, on
-a core; the CPU the run used beyond those is spent off the step's path (background_s: logging,
-the runtime's threads).
+The model those figures are fitted to, and why: on this machine a step's pull and push are mostly
+the PS's time, taken one request at a time. Adding workers to async logistic regression (1 PS task,
+2 cores) raised the steps per second far less than it raised the workers, while every pull and push
+grew. So the pull and the push are the PS's work on the step (Costs.serve_s), in turn, on a core;
+the compute is the worker's, on a core; the CPU the run used beyond those is spent off the step's
+path (background_s: logging, the runtime's threads).
 
 The stamps of a run whose workers queue at the PS include that queueing. So the phases are
 scaled by one factor, fitted so that the simulator, run on the calibration run's own

@@ -37,10 +37,10 @@ class Constant(keras.optimizers.schedules.LearningRateSchedule):
 def rates(schedule, steps: int) -> np.ndarray:
     """Evaluate a schedule at steps 0..steps-1 (for plotting).
 
-    Some Keras schedules (CosineDecay with warm-up) take only a scalar step, and one eager
-    call per step of a long run adds up to seconds. One graph that maps the schedule over the
-    steps takes a small fraction of that. It is built and run directly, not as a tf.function: a tf.function made per
-    schedule is traced once per call, and a notebook plotting six schedules would trigger
+    Some Keras schedules (CosineDecay with warm-up) take only a scalar step, and one eager call per
+    step of a long run adds up to seconds. One graph that maps the schedule over the steps takes a
+    small fraction of that. It is built and run directly, not as a tf.function: a tf.function made
+    per schedule is traced once per call, and a notebook plotting six schedules would trigger
     TensorFlow's retracing warning.
     """
     import tensorflow as tf
