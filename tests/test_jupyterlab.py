@@ -193,7 +193,13 @@ def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
             run_all_cells(page)
             # the first live dashboard: the notebook's first 3-worker run
-            page.wait_for_selector(LIVE_ROWS, timeout=600_000)
+            try:
+                page.wait_for_selector(LIVE_ROWS, timeout=600_000)
+            except PlaywrightError:  # say what the server and the page saw, then fail
+                print("JupyterLab's log:", (lab.folder / "lab.log").read_text()[-4000:])
+                errors = page.locator(".jp-OutputArea-output[data-mime-type*='error']")
+                print("cell errors on the page:", errors.all_text_contents()[:3])
+                raise
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and page.locator(FINAL).count() == 0:
                 try:
