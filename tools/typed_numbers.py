@@ -27,8 +27,10 @@ if (
     exec_as_module("tools.typed_numbers")
 
 import ast
+import io
 import re
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,9 +124,6 @@ def imported_helpers(source: str) -> list[Path]:
 
 def comments_and_strings(source: str) -> list[tuple[int, str]]:
     """(line, text) of every comment, and of every docstring, in Python source."""
-    import io
-    import tokenize
-
     out = []
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))

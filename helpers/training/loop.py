@@ -57,7 +57,7 @@ def train_loop(
 
     keys = ("step_loss", "epoch_loss", "train_acc", "eval_acc", "epoch_seconds", "batch_sizes")
     hist = {k: [] for k in keys}
-    diverged, t0 = False, time.perf_counter()
+    diverged, t0, pred = False, time.perf_counter(), None
     for epoch in range(epochs):
         size = batch_size_at(batch_size, epoch)
         t_epoch = time.perf_counter()
@@ -74,7 +74,10 @@ def train_loop(
             diverged = True
             break
         hist["train_acc"].append(accuracy(model, *train_data, batch=2000))
-        hist["eval_acc"].append(accuracy(model, *eval_data, batch=2000))
+        pred = predictions(model, eval_data[0], batch=2000)  # one pass: the score and, last,
+        hist["eval_acc"].append(float(np.mean(pred == np.asarray(eval_data[1]))))  # eval_pred
     hist.update(steps=len(hist["step_loss"]), seconds=time.perf_counter() - t0, diverged=diverged)
-    hist["eval_pred"] = [] if diverged else predictions(model, eval_data[0], batch=2000).tolist()
+    if pred is None:  # no epoch ran
+        pred = predictions(model, eval_data[0], batch=2000)
+    hist["eval_pred"] = [] if diverged else pred.tolist()
     return hist
