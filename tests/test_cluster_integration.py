@@ -317,6 +317,12 @@ def test_random_straggler_delays_are_seeded_and_the_live_view_runs(cluster, caps
     slept = sp[sp.phase == "delay"]
     assert set(slept.worker) == {2}
     assert (slept.end - slept.start).sum() == pytest.approx(sum(delays[0]))
+    # the per-phase table holds the same seconds, and the shares are its rows over their sums
+    seconds = timeline.phase_seconds(runs[0].events)
+    assert seconds.loc[2, "delay"] == pytest.approx(sum(delays[0]))
+    assert (seconds.loc[[0, 1], "delay"] == 0).all() and (seconds["compute"] > 0).all()
+    shares = timeline.phase_shares(runs[0].events)
+    assert np.allclose(shares, seconds.div(seconds.sum(axis=1), axis=0))
     with pytest.raises(
         ValueError, match="progress must be True, False, 'widget' or 'text', got 'yes'"
     ):

@@ -55,7 +55,14 @@ def delay_between_workers(run, grid: int = 200) -> pd.Series:
 
 
 def worker_times(run) -> pd.DataFrame:
-    """Seconds each worker spent computing, waiting for the PS and in injected delay."""
+    """Per worker, the seconds its step calls took, split as each step logs them.
+
+    `wait_s`: in the modes that wait every step, until the token and the parameters that ride
+    on it arrived (the token's wait and the pull); in async, the first step's wait for its
+    token only. `compute_s`: the rest of the step call (the gradient and the push; in async
+    the pull too). `delay_s`: injected straggler delay. Counted from each worker's first
+    step; timeline.phase_seconds splits the same time into every phase, from the stamps.
+    """
     st = steps(run)
     return st.groupby("worker")[["compute_s", "wait_s", "delay_s"]].sum()
 

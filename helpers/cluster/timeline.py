@@ -169,8 +169,8 @@ def plot(
     return ax
 
 
-def phase_shares(events: pd.DataFrame) -> pd.DataFrame:
-    """The share of each phase in each worker's time (rows: workers; columns: phases).
+def phase_seconds(events: pd.DataFrame) -> pd.DataFrame:
+    """Seconds each worker spent in each phase (rows: workers; columns: phases).
 
     Counted from time zero (every worker joined): an async worker's wait for its first token
     while the others still set up is set-up, not training.
@@ -179,7 +179,12 @@ def phase_shares(events: pd.DataFrame) -> pd.DataFrame:
     start = sp.start.clip(lower=time_zero(events))
     seconds = (sp.end - start).clip(lower=0.0).groupby([sp.worker, sp.phase]).sum()
     seconds = seconds.unstack(fill_value=0.0)
-    seconds = seconds.reindex(columns=[p for p in PHASES if p in seconds.columns])
+    return seconds.reindex(columns=[p for p in PHASES if p in seconds.columns])
+
+
+def phase_shares(events: pd.DataFrame) -> pd.DataFrame:
+    """The share of each phase in each worker's time, as counted by phase_seconds."""
+    seconds = phase_seconds(events)
     return seconds.div(seconds.sum(axis=1), axis=0)
 
 
