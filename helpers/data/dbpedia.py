@@ -208,10 +208,20 @@ class DbpediaCorpus:
         self._len = None if self.lines is None else len(self.lines)
 
     def rows(self):
-        """Yield the selected DbpediaRow tuples, streaming the file."""
-        wanted = None if self.lines is None else set(self.lines.tolist())
+        """Yield the selected DbpediaRow tuples, streaming the file.
+
+        The file's lines come in increasing order and `self.lines` is sorted, so one index
+        walks along both: the pass holds the int64 array of line numbers and nothing more
+        (a Python set of them would take about ten times its bytes).
+        """
+        wanted, i = self.lines, 0
         for row in iter_dbpedia(self.split):
-            if wanted is None or row.line in wanted:
+            if wanted is None:
+                yield row
+                continue
+            while i < len(wanted) and wanted[i] < row.line:
+                i += 1
+            if i < len(wanted) and wanted[i] == row.line:
                 yield row
 
     def __iter__(self):
