@@ -40,6 +40,8 @@ def step(worker, s, t, **kw):
         "bytes_pushed": 72,
         "loss": 1.0,
         "gap": None,
+        # waiting, called, reached, granted, arrived, computed, pushed, returned
+        "stamps": [T0 + t - 0.3] * 2 + [T0 + t - 0.25] * 3 + [T0 + t - 0.1] * 2 + [T0 + t],
     }
     row.update(kw)
     return (f"worker-{worker}", row)
@@ -58,6 +60,15 @@ def test_progress_and_delay_between_workers(tmp_path):
     assert times.loc[0, "wait_s"] == pytest.approx(0.8) and times.loc[
         1, "compute_s"
     ] == pytest.approx(0.2)
+
+
+def test_worker_times_count_a_wait_from_time_zero(tmp_path):
+    # worker 1 began waiting for its first token 2 s before every worker had joined: set-up
+    early = step(1, 0, 0.5, wait_s=2.5)
+    early[1]["stamps"][0] = T0 - 2.0
+    events = [("ps-0", {"t": T0, "kind": "joined", "workers": [0, 1]}), early, step(0, 0, 1)]
+    times = runlogs.worker_times(write_run(tmp_path, events))
+    assert times.loc[1, "wait_s"] == pytest.approx(0.5) and times.loc[0, "wait_s"] == 0.2
 
 
 def test_staleness_and_resource_table_count_every_gradient_and_byte(tmp_path):

@@ -60,10 +60,15 @@ def worker_times(run) -> pd.DataFrame:
     `wait_s`: in the modes that wait every step, until the token and the parameters that ride
     on it arrived (the token's wait and the pull); in async, the first step's wait for its
     token only. `compute_s`: the rest of the step call (the gradient and the push; in async
-    the pull too). `delay_s`: injected straggler delay. Counted from each worker's first
-    step; timeline.phase_seconds splits the same time into every phase, from the stamps.
+    the pull too). `delay_s`: injected straggler delay. Counted from time zero (every worker
+    joined): a wait that began before it was partly set-up (a worker started for the first
+    time keeps the others' first token waiting), and only its part after time zero counts.
+    timeline.phase_seconds splits the same time into every phase, from the stamps.
     """
     st = steps(run)
+    began = np.array([stamps[0] for stamps in st.stamps], dtype=float)
+    before = np.clip(time_zero(run.events) - began, 0.0, None)
+    st["wait_s"] = np.clip(st.wait_s.to_numpy(dtype=float) - before, 0.0, None)
     return st.groupby("worker")[["compute_s", "wait_s", "delay_s"]].sum()
 
 
