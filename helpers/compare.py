@@ -231,8 +231,12 @@ class BootstrapComparison(PairedComparison):
     draws: int = 0
 
     def interval(self, digits: int = 3) -> str:
-        """'+0.012 (+0.004 to +0.020, 90 % bootstrap interval over 5,000 examples)'."""
+        """'+0.012 (+0.004 to +0.020, 90 % bootstrap interval over 5,000 examples)'; with more
+        digits where an end that is not 0 would read as one (a resolved +0.0004 is not +0.000)."""
         level = f"{self.level * 100:.0f} %"
+        ends = (self.difference, self.low, self.high)
+        while digits < 6 and any(v != 0 and round(v, digits) == 0 for v in ends):
+            digits += 1
         return (
             f"{self.difference:+.{digits}f} ({self.low:+.{digits}f} to {self.high:+.{digits}f}, "
             f"{level} bootstrap interval over {len(self.a):,} examples)"

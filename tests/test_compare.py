@@ -182,3 +182,12 @@ def test_bootstrap_names_no_direction_for_two_samples_of_one_model():
 def test_bootstrap_names_bad_input(a, b, kwargs, message):
     with pytest.raises(ValueError, match=message):
         compare_bootstrap(a, b, **kwargs)
+
+
+def test_a_bootstrap_end_near_zero_gets_the_digits_that_show_its_sign():
+    rng = np.random.default_rng(0)
+    a = (rng.random(20_000) < 0.5004).astype(float)
+    v = compare_bootstrap(a, np.zeros_like(a) + 0.5, seed=0)
+    text = v.interval()
+    assert "+0.000 " not in text and "-0.000 " not in text and "to +0.000," not in text, text
+    assert compare_bootstrap([1.0, 0.0] * 50, [1.0, 0.0] * 50).interval().startswith("+0.000 (")
