@@ -214,14 +214,14 @@ class DbpediaCorpus:
         walks along both: the pass holds the int64 array of line numbers and nothing more
         (a Python set of them would take about ten times its bytes).
         """
-        wanted, i = self.lines, 0
+        if self.lines is None:
+            yield from iter_dbpedia(self.split)
+            return
+        wanted, n, i = self.lines, len(self.lines), 0
         for row in iter_dbpedia(self.split):
-            if wanted is None:
-                yield row
-                continue
-            while i < len(wanted) and wanted[i] < row.line:
+            while i < n and wanted[i] < row.line:
                 i += 1
-            if i < len(wanted) and wanted[i] == row.line:
+            if i < n and wanted[i] == row.line:
                 yield row
 
     def __iter__(self):
