@@ -332,3 +332,34 @@ def test_a_training_process_starts_keras_lean_keras_import():
     for module in ("node", "strategies", "psdemo"):
         assert "lean_keras_import()" in (REPO_ROOT / f"helpers/cluster/{module}.py").read_text()
     assert "lean_keras_import()" in (REPO_ROOT / "helpers/training/mirrored.py").read_text()
+
+
+def test_terminate_skips_a_reaped_child_whose_group_is_empty(tmp_path, monkeypatch):
+    """A reaped child's number may be another program's by now: nothing is signalled. While
+    a process of its group lives on (here its own child), the group is still its own and
+    ends."""
+    procs, inbox = _child(
+        tmp_path,
+        "parent",
+        "import json, subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+        'print(json.dumps({"event": "child", "pid": p.pid}), flush=True)',
+    )
+    lone = _child(tmp_path, "lone", "pass")[0]["lone"]
+    parent = procs["parent"]
+    name, msg = inbox.get(timeout=60)
+    assert (name, msg["event"]) == ("parent", "child")
+    for p in (lone, parent):
+        p.popen.wait(60)  # reaped: their numbers are free once their groups are empty
+    sent = []
+    killpg = os.killpg
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: (sent.append(pgid), killpg(pgid, sig)))
+    try:
+        lone.terminate()
+        assert sent == []
+        parent.terminate()  # its child is still in its group
+        assert sent == [parent.pid, parent.pid]  # SIGTERM, SIGCONT
+        psutil.Process(msg["pid"]).wait(30)
+    finally:
+        for p in (lone, parent):
+            p.reap(5)

@@ -254,6 +254,20 @@ def log_section(log_path: Path, start: int = 0) -> str:
     )
 
 
+def group_has_members(pgid: int) -> bool:
+    """True while some process of this machine is in process group `pgid`. While one is, no
+    new process can take the number, so signalling the group reaches only its own members."""
+    import psutil
+
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid:
+                return True
+        except OSError:  # gone meanwhile, or not ours to ask about
+            continue
+    return False
+
+
 def kill_group(pid: int) -> None:
     """SIGKILL the process group led by `pid`, every process in it at once (gone: no-op)."""
     try:
@@ -336,7 +350,12 @@ class ChildProcess:
         return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
 
     def terminate(self) -> None:
-        """SIGTERM the process group (and SIGCONT, for a stopped one); do not wait."""
+        """SIGTERM the process group (and SIGCONT, for a stopped one); do not wait. A child
+        that ended and was reaped earlier no longer holds its PID: once no process is left in
+        its group, the number may be another program's (PIDs wrap at 32768 on many Linux
+        machines, within minutes of a busy test run), so nothing is sent."""
+        if self.popen.poll() is not None and not group_has_members(self.pid):
+            return
         for sig in (signal.SIGTERM, signal.SIGCONT):
             try:
                 os.killpg(self.pid, sig)
