@@ -136,16 +136,50 @@ def lab(tmp_path, shared_data):
             os.kill(pid, signal.SIGKILL)
 
 
-def run_all_cells(page) -> None:
+KERNEL_EVENTS = re.compile(
+    r"Kernel started|Kernel shutdown|Restarter|restart|died|alive|Starting kernel|"
+    r"Error|Killed|Traceback"
+)
+
+
+def kernel_story(lab) -> str:
+    """What CI prints when no kernel ran the notebook: the kernel's life in JupyterLab's log
+    (each start, restart, death and error line, not the whole log, which CI's output cuts),
+    the kernel processes alive now, and the machine's free memory and disk."""
+    lines = (lab.folder / "lab.log").read_text(errors="replace").splitlines()
+    events = [line[:240] for line in lines if KERNEL_EVENTS.search(line)]
+    alive = []
+    for pid in lab.descendants():
+        try:
+            p = psutil.Process(pid)
+            alive.append(f"{pid} {p.status()} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    disk = shutil.disk_usage(lab.folder)
+    return (
+        f"JupyterLab's log: {len(lines)} lines; its kernel events (last 40):\n  "
+        + "\n  ".join(events[-40:])
+        + "\nJupyterLab's processes now:\n  "
+        + ("\n  ".join(alive) or "none")
+        + f"\nfree memory {psutil.virtual_memory().available / 2**30:.1f} GiB, "
+        f"free disk {disk.free / 2**30:.1f} GiB"
+    )
+
+
+def run_all_cells(page, lab) -> None:
     """Run > Run All Cells, as a student would; the menu item is disabled until the kernel is
     up, so try again until a cell shows it started (its prompt turns to [*] or a number)."""
     started = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
     deadline = time.monotonic() + 180
+    asked: dict[str, int] = {}
     while time.monotonic() < deadline:
         dialog = page.locator(".jp-Dialog")
         if dialog.count():  # e.g. a kernel slow to start on a loaded machine: take the default,
             # as a student would (a CI rehearsal saw one block the menu for 30 s)
-            print("JupyterLab asked:", " ".join((dialog.first.text_content() or "").split()))
+            text = " ".join((dialog.first.text_content() or "").split())
+            asked[text] = asked.get(text, 0) + 1
+            if asked[text] == 1:
+                print("JupyterLab asked:", text)
             dialog.first.locator(".jp-Dialog-button.jp-mod-accept").first.click()
             time.sleep(1)
             continue
@@ -155,13 +189,15 @@ def run_all_cells(page) -> None:
             item.first.click()
             try:
                 started.first.wait_for(timeout=15_000)
+                if asked:
+                    print("JupyterLab's dialogs, and how often each was answered:", asked)
                 return
             except PlaywrightError:
                 pass
         else:
             page.keyboard.press("Escape")  # close the menu, wait for the kernel
         time.sleep(2)
-    raise AssertionError("Run All Cells never started the notebook in 180 s")
+    pytest.fail(f"Run All Cells never started the notebook in 180 s\n{kernel_story(lab)}")
 
 
 def screenshot(page, selector, path, tries=5) -> None:
@@ -191,15 +227,17 @@ def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.goto(lab.url)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            run_all_cells(page)
+            run_all_cells(page, lab)
             # the first live dashboard: the notebook's first 3-worker run
             try:
                 page.wait_for_selector(LIVE_ROWS, timeout=600_000)
             except PlaywrightError:  # say what the server and the page saw, then fail
-                print("JupyterLab's log:", (lab.folder / "lab.log").read_text()[-4000:])
                 errors = page.locator(".jp-OutputArea-output[data-mime-type*='error']")
-                print("cell errors on the page:", errors.all_text_contents()[:3])
-                raise
+                pytest.fail(
+                    "no live dashboard in 600 s\n"
+                    + kernel_story(lab)
+                    + f"\ncell errors on the page: {errors.all_text_contents()[:3]}"
+                )
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and page.locator(FINAL).count() == 0:
                 try:
