@@ -352,7 +352,7 @@ class ChildProcess:
     def terminate(self) -> None:
         """SIGTERM the process group (and SIGCONT, for a stopped one); do not wait. A child
         that ended and was reaped earlier no longer holds its PID: once no process is left in
-        its group, the number may be another program's (PIDs wrap at 32768 on many Linux
+        its group, the number may be another program's (PIDs wrap around early on many Linux
         machines, within minutes of a busy test run), so nothing is sent."""
         if self.popen.poll() is not None and not group_has_members(self.pid):
             return
