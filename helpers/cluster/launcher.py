@@ -204,7 +204,6 @@ class LocalCluster:
     def stop(self) -> None:
         """End every process of the cluster at once (idempotent): ask each to exit, then the
         teardown every launcher shares (end_all), stopped processes included."""
-        self.nodes.stop()
         for proc in self.procs.values():
             if proc.popen.poll() is None:
                 try:
@@ -212,6 +211,7 @@ class LocalCluster:
                 except (BrokenPipeError, OSError, ValueError):
                     pass
         end_all(self.procs.values())
+        self.nodes.stop()  # after end_all: it removes the processes' temporary files
         self.procs.clear()
         self.network.stop()
         _LIVE.discard(self)

@@ -7,6 +7,7 @@ themselves (this machine, Slurm, SSH) are placement.py.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ class Nodes:
         self.clocks: dict[str, clock.OffsetEstimate] = {}  # remote process -> its clock
         self.heard: dict[str, float] = {}  # remote process -> when it last answered
         self._stop = threading.Event()
+        self.tmp: Path | None = None  # TMPDIR of the processes on this machine
 
     def spec(self, jobs, folder: Path, local_ps_ports) -> dict[str, list[str]]:
         """The engine's cluster file: the PS tasks' addresses on this machine
@@ -79,8 +81,15 @@ class Nodes:
         logs = {n: Path(folder) / f"{n.replace(':', '-')}.log" for n in argv}
         envs = {n: dict(env, **(envs or {}).get(n, {})) for n in argv}
         if not self.placement.remote:
+            # TF writes a file for each function it traces and deletes it only at a normal
+            # exit: a node ended by a signal would leave them in the machine's temp folder
+            self.tmp = Path(folder) / "tmp"
+            self.tmp.mkdir(exist_ok=True)
             pid = ["--parent-pid", str(os.getpid())]
-            return {n: ChildProcess(n, c + pid, envs[n], logs[n], inbox) for n, c in argv.items()}
+            return {
+                n: ChildProcess(n, c + pid, dict(envs[n], TMPDIR=str(self.tmp)), logs[n], inbox)
+                for n, c in argv.items()
+            }
         self.clocks = {n: clock.OffsetEstimate() for n in argv}
         remote_argv = {n: cmd + ["--remote"] for n, cmd in argv.items()}
         return self.placement.start(list(argv), remote_argv, envs, logs, inbox, self.hosts)
@@ -102,8 +111,10 @@ class Nodes:
                     pass
 
     def stop(self) -> None:
-        """Stop pinging."""
+        """Stop pinging; once the processes have ended, remove their temporary files."""
         self._stop.set()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def pong(self, name: str, msg: dict) -> None:
         """A node answered a ping: it is there, and its clock read msg["node_t"]."""

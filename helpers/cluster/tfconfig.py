@@ -198,11 +198,11 @@ class TFConfigCluster:
 
     def stop(self) -> None:
         """End every task's process group at once (idempotent); write the launch timeline."""
-        self.nodes.stop()
         if self.procs:
             self.ended = end_all(self.procs.values())
             self.procs.clear()
             files.write_json(self.dir / "launch.json", self.timeline())
+        self.nodes.stop()  # after end_all: it removes the processes' temporary files
         self.network.stop()
 
     def timeline(self) -> dict:
