@@ -103,6 +103,18 @@ def test_inferred_vectors_sit_near_the_trained_ones(small_model):
     assert np.mean(own_rank == 0) > 0.6, own_rank
 
 
+def test_epochs_of_each_size_are_timed_in_turn(shared_data, monkeypatch):
+    monkeypatch.setenv("LABS_DBPEDIA_DIR", str(shared_data / "dbpedia_subset"))
+    corpus = dbpedia.DbpediaCorpus("train", dbpedia.sample_lines("train", 5, seed=0))
+    seconds = doc2vec.epoch_seconds_in_turn(corpus, [8, 32], 3, workers=1, min_count=1)
+    assert list(seconds) == [8, 32]
+    assert all(len(t) == 3 and all(0 < x < 60 for x in t) for t in seconds.values()), seconds
+    with pytest.raises(ValueError, match="repeats must be a positive integer, got 0"):
+        doc2vec.epoch_seconds_in_turn(corpus, [8], 0)
+    with pytest.raises(ValueError, match="each vector size must be a positive integer, got -8"):
+        doc2vec.epoch_seconds_in_turn(corpus, [-8], 1)
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [

@@ -83,6 +83,35 @@ def train_doc2vec(
     return model
 
 
+def epoch_seconds_in_turn(
+    corpus, sizes, repeats: int, *, dm: int = 0, seed: int = 0, workers: int = 2, **kwargs
+) -> dict:
+    """One epoch of a model of each vector size in turn, `repeats` rounds: {size: [seconds]}.
+
+    On a shared machine, models timed one after the other meet different loads, and a change
+    of load reads as a difference between them; taking turns spreads it over every size, so
+    the times compare like for like. Each model builds its vocabulary once (not timed), then
+    trains one epoch per round, continuing where its last round stopped."""
+    if not isinstance(repeats, (int, np.integer)) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    for size in sizes:
+        if not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"each vector size must be a positive integer, got {size!r}")
+    models = {
+        size: Doc2Vec(dm=dm, vector_size=size, seed=seed, workers=workers, **kwargs)
+        for size in sizes
+    }
+    for model in models.values():
+        model.build_vocab(corpus)
+    seconds: dict = {size: [] for size in models}
+    for _ in range(repeats):
+        for size, model in models.items():
+            t0 = time.perf_counter()
+            model.train(corpus, total_examples=model.corpus_count, epochs=1)
+            seconds[size].append(time.perf_counter() - t0)
+    return seconds
+
+
 def infer_vectors(
     model: Doc2Vec, corpus, epochs: int | None = None, progress: bool = True
 ) -> np.ndarray:
