@@ -42,6 +42,17 @@ def test_a_configuration_trains_in_its_own_process(shared_data, monkeypatch):
     assert not no_children_left()
 
 
+def test_the_untimed_warm_up_leaves_no_step_behind(shared_data, monkeypatch):
+    """Two untimed batches per batch size trace the step; the run then starts from the initial
+    weights and optimizer state: its step counter counts the timed epochs' steps alone."""
+    monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    spec = mirrored.job(
+        2, keras.optimizers.SGD(0.01, momentum=0.9), [64, 128], n=256, test_size=200
+    )
+    res = mirrored.run(spec, name="test-warmup")
+    assert res["examples"] == [256, 256] and res["steps"] == 256 // 64 + 256 // 128, res
+
+
 def test_a_crash_is_reported_and_the_configuration_runs_once_more(shared_data, monkeypatch, capsys):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
     res = mirrored.run(tiny_job(signal="SIGSEGV", attempts=[1]), name="test")

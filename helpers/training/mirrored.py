@@ -119,7 +119,7 @@ def job(
         test_size: test examples to evaluate on.
         seed: seeds the weights and the shuffling.
         warmup: fit two untimed batches of every batch size first (then restore the initial
-            weights), so tracing the step function is not timed.
+            weights and the optimizer's state), so tracing the step function is not timed.
     Raises:
         ValueError: naming the bad value.
     """
@@ -186,10 +186,14 @@ def train_one_config(spec: dict) -> dict:
         )
     batches = spec["batches"]
     if spec["warmup"]:  # trace the step for every batch size, so no timed epoch traces it
-        start = model.get_weights()
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+        start = model.get_weights(), [v.numpy() for v in model.optimizer.variables]
         for size in dict.fromkeys(batches):
             model.fit(x[: 2 * size], y[: 2 * size], batch_size=size, verbose=0)
-        model.set_weights(start)
+        model.set_weights(start[0])
+        for variable, value in zip(model.optimizer.variables, start[1]):  # step count, momenta
+            variable.assign(value)
     out = {
         "replicas": strategy.num_replicas_in_sync,
         "devices": list(strategy.extended.worker_devices),
@@ -225,6 +229,7 @@ def train_one_config(spec: dict) -> dict:
             if spec["evaluate"] == "epoch" or epoch == len(batches) - 1:
                 # not model.evaluate (bench/mirrored_crash_repro.py): forward passes only
                 out["test_acc"].append(accuracy(model, xt, yt, batch=1000))
+    out["steps"] = int(model.optimizer.iterations.numpy())  # the timed epochs' steps only
     return {**out, **monitor.summary()[os.getpid()]}
 
 
