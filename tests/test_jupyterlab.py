@@ -92,6 +92,9 @@ def lab(tmp_path, shared_data):
         JUPYTER_DATA_DIR=str(tmp_path / "data"),
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
         JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+        # the kernel's IPython profile and history database: its own, not shared with the
+        # kernels other tests run at the same time
+        IPYTHONDIR=str(tmp_path / "ipython"),
     )
     env.pop("LABS_DASHBOARD", None)
     env.pop("JUPYTER_PATH", None)
