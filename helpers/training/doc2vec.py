@@ -27,6 +27,11 @@ class _EpochBar(CallbackAny2Vec):
         self.bar.update(1)
 
 
+def _check_positive_int(name: str, value) -> None:
+    if not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def train_doc2vec(
     corpus,
     *,
@@ -58,8 +63,7 @@ def train_doc2vec(
     from tqdm.auto import tqdm
 
     for name, value in (("vector_size", vector_size), ("epochs", epochs), ("workers", workers)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_positive_int(name, value)
     if dm not in (0, 1):
         raise ValueError(f"dm must be 0 (PV-DBOW) or 1 (PV-DM), got {dm!r}")
     model = Doc2Vec(
@@ -92,11 +96,9 @@ def epoch_seconds_in_turn(
     of load reads as a difference between them; taking turns spreads it over every size, so
     the times compare like for like. Each model builds its vocabulary once (not timed), then
     trains one epoch per round, continuing where its last round stopped."""
-    if not isinstance(repeats, (int, np.integer)) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    _check_positive_int("repeats", repeats)
     for size in sizes:
-        if not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"each vector size must be a positive integer, got {size!r}")
+        _check_positive_int("each vector size", size)
     models = {
         size: Doc2Vec(dm=dm, vector_size=size, seed=seed, workers=workers, **kwargs)
         for size in sizes

@@ -188,11 +188,11 @@ def train_one_config(spec: dict) -> dict:
     if spec["warmup"]:  # trace the step for every batch size, so no timed epoch traces it
         with strategy.scope():
             model.optimizer.build(model.trainable_variables)
-        start = model.get_weights(), [v.numpy() for v in model.optimizer.variables]
+        weights, state = model.get_weights(), [v.numpy() for v in model.optimizer.variables]
         for size in dict.fromkeys(batches):
             model.fit(x[: 2 * size], y[: 2 * size], batch_size=size, verbose=0)
-        model.set_weights(start[0])
-        for variable, value in zip(model.optimizer.variables, start[1]):  # step count, momenta
+        model.set_weights(weights)
+        for variable, value in zip(model.optimizer.variables, state):  # step count, momenta
             variable.assign(value)
     out = {
         "replicas": strategy.num_replicas_in_sync,
