@@ -109,7 +109,8 @@ def test_notebook_08s_multi_worker_mirrored_strategy_on_two_nodes(slurm, shared_
     assert runs[0]["test_accuracy"] == runs[1]["test_accuracy"] > 0.8
     spec = [json.loads(e)["cluster"]["worker"] for e in _tf_configs(launch.log_dir)]
     assert spec[0] == [f"{a}:2400" for a in slurm.hosts.addresses[:2]]  # n0 and n1
-    assert all(row["ended"].startswith("exited with code 0") for row in launch.timeline.values())
+    ended = {name: row["ended"] for name, row in launch.timeline.items()}
+    assert all(how.startswith("exited with code 0") for how in ended.values()), launch.timeline
     assert slurm.hosts.wait_empty(10) == {}
 
 

@@ -41,6 +41,11 @@ TASK = [
 ]
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$")
 ENDED = re.compile(r"task (\d+): (.+)$")  # srun: error: n2: task 3: Killed
+# A step's tasks that have reported get GRACE_S to exit by themselves before srun is asked to
+# cancel the step (MultiWorkerMirroredStrategy's workers catch SIGTERM and take over a second
+# to leave after their result, quiet; with 3 s, a loaded CI run saw one not exit cleanly): the
+# teardown of a local cluster (processes.end_all) gives as long. srun then gets CANCEL_S.
+GRACE_S, CANCEL_S = 5.0, 3.0
 
 
 class SlurmError(RuntimeError):
@@ -120,7 +125,7 @@ class SrunStep:
             self.popen.stdin.write((json.dumps(msg) + "\n").encode())
             self.popen.stdin.flush()
 
-    def terminate(self, grace: float = 3.0) -> None:
+    def terminate(self, grace: float = GRACE_S) -> None:
         """See StepTask.terminate (idempotent)."""
         if self._terminated:
             return
@@ -164,14 +169,17 @@ class StepTask:
         return f"ended with its srun step (exit code {rc}){said}"
 
     def terminate(self) -> None:
-        """End the whole step, once for all its tasks: 3 s for the tasks to exit by
+        """End the whole step, once for all its tasks: GRACE_S for the tasks to exit by
         themselves (they were asked to, or have reported and are leaving), then SIGTERM to
         srun, which cancels the step (Slurm kills what is left)."""
         self.step.terminate()
 
     def reap(self, timeout: float) -> None:
+        """Wait for srun to end (at least CANCEL_S: the step's grace can have used up the
+        caller's `timeout`, and srun SIGKILLed leaves the step's tasks to Slurm's own
+        clean-up), then SIGKILL its group."""
         try:
-            self.popen.wait(timeout)
+            self.popen.wait(max(timeout, CANCEL_S))
         except subprocess.TimeoutExpired:
             kill_group(self.pid)
             self.popen.wait()
