@@ -1,5 +1,6 @@
 """`make run`'s runner: Ctrl-C stops it with an INTERRUPTED row, exit 130 and no kernel left;
-the executed copies hold their figures whatever MPLBACKEND the shell sets."""
+the executed copies hold their figures whatever MPLBACKEND the shell sets, and a failed
+notebook's copy still shows where its progress bars ended."""
 
 import os
 import signal
@@ -99,3 +100,25 @@ def test_figures_reach_the_executed_copy_when_the_shell_sets_a_backend(tmp_path)
     assert "MPLBACKEND=Agg is set" in out.stdout
     [cell] = nbformat.read(str(tmp_path / "build" / "01_plots.ipynb"), as_version=4).cells
     assert any("image/png" in o.get("data", {}) for o in cell.outputs), cell.outputs
+
+
+def test_a_failed_notebook_s_copy_keeps_its_progress_bars(tmp_path):
+    """nbclient stores the widgets' states only when every cell succeeded: without them, a
+    failed run's copy lost every bar (a loaded full run of 01 timed out in a late cell and
+    its training bars were gone)."""
+    notebook(
+        tmp_path / "01_fails.ipynb",
+        "from tqdm.auto import tqdm\nfor _ in tqdm(range(7)): pass\nraise ValueError('late')",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path)]
+        + ["--out", str(tmp_path / "build")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "FAILED" in out.stdout, out.stdout + out.stderr
+    [cell] = nbformat.read(str(tmp_path / "build" / "01_fails.ipynb"), as_version=4).cells
+    texts = [o.get("data", {}).get("text/plain", "") for o in cell.outputs]
+    assert any("7/7" in t for t in texts), cell.outputs

@@ -186,6 +186,7 @@ def run_one(
             client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
         status, error = "FAILED", ANSI.sub("", str(exc)).strip().splitlines()[-1][:200]
+        client.set_widgets_metadata()  # nbclient stores the bars' states only after a success
     except (KeyboardInterrupt, AssertionError):
         # nbclient handles SIGINT itself: it shuts the kernel down and then trips over its
         # own cleanup (AssertionError "self.km is not None") or reports a dead kernel.
