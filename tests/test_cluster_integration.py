@@ -593,7 +593,7 @@ def test_hung_ps_trips_the_stall_watchdog(small_cluster):
         small_cluster.train(mode="async", faults={"ps": {"kind": "hang", "at": 20}}, **COMMON)
     # the tail starts where this run began: not the previous test's "worker 1 died" traceback
     assert "(this run) ---" in str(err.value) and "died" not in str(err.value)
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 120  # a guard against a watchdog that never trips
     assert small_cluster.procs == {}  # torn down
     assert not any(psutil.pid_exists(p) for p in pids)  # the stopped PS included, by PID
 
@@ -745,7 +745,6 @@ def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
         protocol.RunConfig(workers=1, mode="sync", steps=10, worker_timeout=3, run_id="silent")
     )
     (tmp_path / "run.json").write_text(json.dumps(cfg.to_dict()))
-    t0 = time.monotonic()
     ps = subprocess.run(
         [
             "unshare",
@@ -759,12 +758,11 @@ def test_standalone_ps_gives_up_on_silent_workers(tmp_path, shared_data):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        timeout=120,  # a PS that never gives up fails here (a bound of 60 s on the whole
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),  # run failed on a loaded machine: 63 s)
     )
     assert ps.returncode != 0
     assert "no message from any worker for worker_timeout=3 s (last heard: worker 0" in ps.stderr
-    assert time.monotonic() - t0 < 60
     events = (tmp_path / "ps-0.jsonl").read_text()
     assert '"timeout"' in events and '"joined"' not in events
 

@@ -65,11 +65,16 @@ class Lab:
         session instead of starting a kernel of its own. Left to the page, a start on a loaded
         CI machine once began two kernels 0.2 s apart, shut the first down, and left the page's
         cells queued ([*]) with no kernel running them."""
-        session = self.api(
-            "sessions",
-            {"path": NOTEBOOK, "name": NOTEBOOK, "type": "notebook", "kernel": {"name": "python3"}},
-        )
-        return session["kernel"]["id"]
+        body = {
+            "path": NOTEBOOK,
+            "name": NOTEBOOK,
+            "type": "notebook",
+            "kernel": {"name": "python3"},
+        }
+        try:
+            return self.api("sessions", body)["kernel"]["id"]
+        except OSError as exc:  # e.g. HTTP 500: the kernel did not start
+            pytest.fail(f"JupyterLab did not start the kernel: {exc}\n{kernel_story(self)}")
 
     def descendants(self) -> list[int]:
         try:
