@@ -122,3 +122,19 @@ def test_a_failed_notebook_s_copy_keeps_its_progress_bars(tmp_path):
     [cell] = nbformat.read(str(tmp_path / "build" / "01_fails.ipynb"), as_version=4).cells
     texts = [o.get("data", {}).get("text/plain", "") for o in cell.outputs]
     assert any("7/7" in t for t in texts), cell.outputs
+
+
+def test_a_timed_out_cell_is_named_as_such_in_the_table(tmp_path):
+    """The table's error column read '-------------------' for a cell past --timeout (the last
+    line of nbclient's message, which ends with the cell's source between dashes)."""
+    notebook(tmp_path / "01_slow.ipynb", "import time\ntime.sleep(60)")
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path), "--timeout", "3"]
+        + ["--out", str(tmp_path / "build")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| 01_slow"))
+    assert "FAILED" in row and "timed out" in row and "---" not in row, out.stdout

@@ -185,7 +185,10 @@ def run_one(
         with memory:
             client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-        status, error = "FAILED", ANSI.sub("", str(exc)).strip().splitlines()[-1][:200]
+        lines = ANSI.sub("", str(exc)).strip().splitlines()
+        # a timeout's message ends with the cell's source between dashes: its first line says it
+        line = lines[0] if isinstance(exc, CellTimeoutError) else lines[-1]
+        status, error = "FAILED", line[:200]
         client.set_widgets_metadata()  # nbclient stores the bars' states only after a success
     except (KeyboardInterrupt, AssertionError):
         # nbclient handles SIGINT itself: it shuts the kernel down and then trips over its
