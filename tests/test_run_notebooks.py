@@ -29,6 +29,19 @@ def notebook(path: Path, source: str) -> None:
     nbformat.write(nb, str(path))
 
 
+def run_runner(folder: Path, *args: str, env=None) -> subprocess.CompletedProcess:
+    """`python -m tools.run_notebooks` on the notebooks of `folder`, copies in folder/build."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(folder), *args]
+        + ["--out", str(folder / "build")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+
+
 def _sigint_default():
     """A shell's background job inherits SIGINT ignored; a terminal's Ctrl-C does not."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -87,15 +100,7 @@ def test_figures_reach_the_executed_copy_when_the_shell_sets_a_backend(tmp_path)
         "import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\nplt.show()",
     )
     env = dict(os.environ, MPLBACKEND="Agg")  # as CI, or a server's image, sets
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path)]
-        + ["--out", str(tmp_path / "build")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=120,
-    )
+    out = run_runner(tmp_path, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "MPLBACKEND=Agg is set" in out.stdout
     [cell] = nbformat.read(str(tmp_path / "build" / "01_plots.ipynb"), as_version=4).cells
@@ -110,14 +115,7 @@ def test_a_failed_notebook_s_copy_keeps_its_progress_bars(tmp_path):
         tmp_path / "01_fails.ipynb",
         "from tqdm.auto import tqdm\nfor _ in tqdm(range(7)): pass\nraise ValueError('late')",
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path)]
-        + ["--out", str(tmp_path / "build")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    out = run_runner(tmp_path)
     assert out.returncode != 0 and "FAILED" in out.stdout, out.stdout + out.stderr
     [cell] = nbformat.read(str(tmp_path / "build" / "01_fails.ipynb"), as_version=4).cells
     texts = [o.get("data", {}).get("text/plain", "") for o in cell.outputs]
@@ -128,13 +126,6 @@ def test_a_timed_out_cell_is_named_as_such_in_the_table(tmp_path):
     """The table's error column read '-------------------' for a cell past --timeout (the last
     line of nbclient's message, which ends with the cell's source between dashes)."""
     notebook(tmp_path / "01_slow.ipynb", "import time\ntime.sleep(60)")
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.run_notebooks", "--dir", str(tmp_path), "--timeout", "3"]
-        + ["--out", str(tmp_path / "build")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    out = run_runner(tmp_path, "--timeout", "3")
     row = next(line for line in out.stdout.splitlines() if line.startswith("| 01_slow"))
     assert "FAILED" in row and "timed out" in row and "---" not in row, out.stdout
