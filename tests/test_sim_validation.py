@@ -1,23 +1,27 @@
 """The simulator checked against real runs it was not calibrated on: a CI-sized subset of
 `python -m bench.sim_validate`, which prints every configuration.
 
-Calibrated as the benchmark does, on the median repeat (by updates/s) of async with 2 workers,
-and PS task 0's loop on the median repeat of sync with 2 workers; every configuration is run
-three times, the repeats alternating so that the machine's drift hits them alike. Each
-simulated figure (updates per second, mean staleness, drops, test accuracy at equal updates)
-must be within the issue's margin of the real runs' median (helpers.sim.validate.MARGINS) or
-within their own spread.
+Calibrated on async with 2 workers, and PS task 0's loop on sync with 2 workers; every
+configuration is run three times, the repeats alternating so that the machine's drift hits them
+alike. Each repeat is calibrated on its own calibration runs and predicts the runs beside it in
+time (the benchmark calibrates once, on the median repeat: on a CI machine whose other tests
+come and go, one calibration taken under a load the checked runs did not see put a prediction
+22 % off); the median of the three predictions of each figure (updates per second, mean
+staleness, drops, test accuracy at equal updates) must be within the issue's margin of the
+real runs' median (helpers.sim.validate.MARGINS) or within their own spread.
 
 The subset is a waiting mode and async with a straggler, where the benchmark finds the
 simulator within every margin. Where it finds it outside (SSP's and a straggling sync's rate,
 backup's drops, async's staleness past the cores, several PS tasks) notebook 09 says so; those
 are not asserted here."""
 
+import statistics
+
 import pytest
 
 from helpers.cluster import LocalCluster
 from helpers.sim.calibrate import calibrate
-from helpers.sim.validate import judged, measured, simulated, typical
+from helpers.sim.validate import judged, measured, simulated
 
 # starts a real TF cluster of OS processes: `make unit` leaves it out
 pytestmark = pytest.mark.slow
@@ -42,14 +46,19 @@ def test_the_simulator_predicts_real_runs_it_was_not_calibrated_on(shared_data):
                     progress=False, mode=mode, workers=workers, steps=STEPS[mode], seed=r, **extra
                 )
                 runs.setdefault(i, []).append(run)
-    cal = calibrate(typical(runs[0]), waiting=typical(runs[1]))
+    costs = [calibrate(runs[0][r], waiting=runs[1][r]).costs for r in range(REPEATS)]
     report, failed = [], []
     for i, (mode, workers, extra) in enumerate(configs[2:], start=2):
         real = [measured(r) for r in runs[i]]
-        sim = simulated(runs[i][0].config, cal.costs)
+        each = [simulated(runs[i][0].config, c) for c in costs]
+        sim = {f: statistics.median(s[f] for s in each) for f in each[0]}
         for figure, ok in judged(real, sim).items():
             values = ", ".join(f"{m[figure]:.3f}" for m in real)
-            line = f"{mode} x{workers} {extra}: {figure} real [{values}] sim {sim[figure]:.3f}"
+            sims = ", ".join(f"{s[figure]:.3f}" for s in each)
+            line = (
+                f"{mode} x{workers} {extra}: {figure} real [{values}] "
+                f"sim [{sims}] median {sim[figure]:.3f}"
+            )
             report.append(line)
             if not ok:
                 failed.append(line)
