@@ -196,20 +196,49 @@ def kernel_story(lab) -> str:
     )
 
 
-def click_run_all(page, lab) -> None:
-    """Run > Run All Cells, as a student would; the menu item is disabled until the page has
-    its kernel, so try again until a cell shows it was queued or ran ([*] or a number)."""
+def wait_for_kernel(page, lab) -> None:
+    """Wait until the page shows its kernel connected and idle. Until then JupyterLab's Run
+    All Cells is enabled but the page has no kernel: each code cell it runs asks which kernel
+    to start, and answering starts a new one in place of the session's (CI saw 38 such
+    questions, one per code cell, and the session's kernel gone). The status indicator alone
+    can read idle before the page has a kernel (seen with the server stalled), so the toolbar's
+    kernel name must be the notebook's too."""
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    named = page.locator(".jp-Toolbar-kernelName", has_text="Python 3")  # not "No Kernel"
+    try:
+        named.first.wait_for(timeout=180_000)
+        idle.first.wait_for(timeout=180_000)
+    except PlaywrightError:
+        pytest.fail(f"the page never showed its kernel idle in 180 s\n{kernel_story(lab)}")
+
+
+def answer_dialog(dialog, kernel: str) -> str:
+    """Answer one JupyterLab dialog and return its text. Asked to select a kernel, pick the
+    session's own (listed under its notebook's name and the first 8 characters of its id)
+    rather than the default, a new kernel that would replace it."""
+    text = " ".join((dialog.text_content() or "").split())
+    for option in dialog.locator("option").all():
+        if kernel and kernel[:8] in (option.text_content() or ""):
+            dialog.locator("select").first.select_option(option.get_attribute("value"))
+            break
+    dialog.locator(".jp-Dialog-button.jp-mod-accept").first.click()
+    return text
+
+
+def click_run_all(page, lab, kernel: str) -> None:
+    """Run > Run All Cells, as a student would, once the page shows its kernel; try again
+    until a cell shows it was queued or ran ([*] or a number)."""
+    wait_for_kernel(page, lab)
     queued = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
     deadline = time.monotonic() + 180
     asked: dict[str, int] = {}
     while time.monotonic() < deadline:
         dialog = page.locator(".jp-Dialog")
-        if dialog.count():  # take the default, as a student would, and say which it was
-            text = " ".join((dialog.first.text_content() or "").split())
+        if dialog.count():  # say which, and how often: a dialog here is a surprise
+            text = answer_dialog(dialog.first, kernel)
             asked[text] = asked.get(text, 0) + 1
             if asked[text] == 1:
                 print("JupyterLab asked:", text)
-            dialog.first.locator(".jp-Dialog-button.jp-mod-accept").first.click()
             time.sleep(1)
             continue
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
@@ -229,28 +258,49 @@ def click_run_all(page, lab) -> None:
     pytest.fail(f"Run All Cells never started the notebook in 180 s\n{kernel_story(lab)}")
 
 
-def run_all_cells(page, lab, kernel: str) -> None:
-    """Run All Cells, then wait until the kernel has run a cell (a numbered prompt). Queued
-    cells ([*]) while the session's kernel is not busy mean the page never reached it:
-    reload the page once, as a student would, and run them again; a second time fails with
-    what the server saw."""
-    ran = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]"))
+def session_kernel(lab) -> tuple[str, str]:
+    """The notebook's session's kernel now (its id and execution state): JupyterLab's page can
+    replace the kernel it was given, so this asks the server rather than remembering one."""
+    for session in lab.api("sessions"):
+        if session.get("path") == NOTEBOOK and session.get("kernel"):
+            kernel = session["kernel"]
+            return kernel["id"], kernel.get("execution_state", "?")
+    return "", "none"
+
+
+def run_until_live(page, lab, kernel: str) -> None:
+    """Run All Cells and wait for the first live dashboard (the notebook's first 3-worker run).
+    A page whose cells sit queued ([*]) while the session's kernel stays idle for 60 s has lost
+    its kernel (a stalled server does that to JupyterLab: it started a new kernel in place of
+    the session's, ran one cell on it and queued the rest for good): reload the page once, as a
+    student would, and run all again; a second stall fails with what the server saw."""
+    queued = page.locator(".jp-InputPrompt", has_text="[*]")
     for attempt in (1, 2):
-        click_run_all(page, lab)
-        deadline = time.monotonic() + 180
+        click_run_all(page, lab, kernel)
+        deadline, idle_since = time.monotonic() + 600, None
         while time.monotonic() < deadline:
             try:
-                ran.first.wait_for(timeout=5_000)
+                page.wait_for_selector(LIVE_ROWS, timeout=5_000)
                 return
             except PlaywrightError:
                 pass
-        state = lab.api(f"kernels/{kernel}").get("execution_state")
-        if state == "busy" or attempt == 2:  # busy: it runs cells the page does not show
-            break
-        print(f"cells queued and the kernel {state} for 180 s: reloading the page")
-        page.reload()
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-    pytest.fail(f"no cell ran in 180 s (kernel {state})\n{kernel_story(lab)}")
+            kernel, state = session_kernel(lab)
+            stalled = state == "idle" and queued.count() > 0
+            idle_since = (idle_since or time.monotonic()) if stalled else None
+            if idle_since and time.monotonic() - idle_since > 60:
+                break
+        else:
+            break  # no stall, no dashboard: fail below
+        if attempt == 1:
+            print("cells queued and the kernel idle for 60 s: reloading the page")
+            page.reload()
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    errors = page.locator(".jp-OutputArea-output[data-mime-type*='error']")
+    pytest.fail(
+        f"no live dashboard (the session's kernel: {session_kernel(lab)})\n"
+        + kernel_story(lab)
+        + f"\ncell errors on the page: {errors.all_text_contents()[:3]}"
+    )
 
 
 def screenshot(page, selector, path, tries=5) -> None:
@@ -281,17 +331,7 @@ def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
             kernel = lab.start_kernel()
             page.goto(lab.url)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            run_all_cells(page, lab, kernel)
-            # the first live dashboard: the notebook's first 3-worker run
-            try:
-                page.wait_for_selector(LIVE_ROWS, timeout=600_000)
-            except PlaywrightError:  # say what the server and the page saw, then fail
-                errors = page.locator(".jp-OutputArea-output[data-mime-type*='error']")
-                pytest.fail(
-                    "no live dashboard in 600 s\n"
-                    + kernel_story(lab)
-                    + f"\ncell errors on the page: {errors.all_text_contents()[:3]}"
-                )
+            run_until_live(page, lab, kernel)
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and page.locator(FINAL).count() == 0:
                 try:
