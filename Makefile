@@ -11,7 +11,7 @@ PIPLOG := $(VENV)/pip-install.log
 # Seconds a single notebook cell may take before nbval / nbconvert give up on it.
 CELL_TIMEOUT ?= 900
 
-.PHONY: help venv doctor data run test unit handout release grade grade-merge index gpu clean
+.PHONY: help venv doctor data run test unit handout release grade grade-merge grade-export index gpu clean
 
 help:
 	@echo "make doctor   set up (first time), then check this machine against what each lesson needs"
@@ -22,6 +22,8 @@ help:
 	@echo "make grade SUBMISSIONS=dir  autograde one sub-folder per student into build/course/grades.csv"
 	@echo "           [JOBS=n] [STUDENTS=a,b] [REGRADE=1] [SHARD=i/m] [SANDBOX=0] [MEMORY_MB=n]"
 	@echo "make grade-merge  merge the SHARD=i/m gradings into one gradebook, grades.csv, feedback"
+	@echo "make grade-export FORMAT=canvas|moodle|csv ROSTER=roster.csv  the gradebook's points per"
+	@echo "           notebook as the LMS's import file [COLUMNS_CSV=columns.csv] [OUT=file]"
 	@echo "make handout  the release's student copies, flat in build/handout/ (self-study)"
 	@echo "make index    regenerate the table of contents in notebooks/00_index.ipynb"
 	@echo "make gpu      replace the CPU TensorFlow wheel with the CUDA build (Linux + NVIDIA)"
@@ -89,6 +91,15 @@ grade: data
 # one gradebook, grades.csv, feedback and report.
 grade-merge: $(STAMP)
 	$(PY) -m tools.course merge --course $(COURSE) --timeout $(CELL_TIMEOUT)
+
+# The gradebook's points per student and notebook as the file an LMS's gradebook import reads
+# (tools/course/lms.py says the formats): ROSTER maps nbgrader ids to the LMS's ids; COLUMNS_CSV
+# (notebook,column) names each notebook's column; OUT defaults to COURSE/FORMAT.csv.
+FORMAT ?= csv
+grade-export: $(STAMP)
+	@test -n "$(ROSTER)" || { echo "make grade-export: name the roster (nbgrader_id and the LMS's id columns): make grade-export FORMAT=$(FORMAT) ROSTER=roster.csv" >&2; exit 2; }
+	@test -f "$(COURSE)/gradebook.db" || { echo "make grade-export: no gradebook in $(COURSE): grade first (make grade)" >&2; exit 2; }
+	cd "$(COURSE)" && PATH="$(abspath $(VENV))/bin:$$PATH" PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" "$(abspath $(PY))" -m nbgrader export --exporter=tools.course.export.LmsExport --LmsExport.lms_format="$(FORMAT)" --LmsExport.roster="$(abspath $(ROSTER))" $(if $(COLUMNS_CSV),--LmsExport.columns="$(abspath $(COLUMNS_CSV))") --to="$(abspath $(or $(OUT),$(COURSE)/$(FORMAT).csv))"
 
 handout: release
 	rm -rf build/handout && mkdir -p build/handout

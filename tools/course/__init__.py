@@ -36,5 +36,7 @@ Modules, each importing only those above it:
 - grade: autograding a class in stages (plan, sort, grade N pairs at once, merge, feedback,
   report), and what needs no running;
 - shards: SHARD=i/m, and merging the shards;
+- lms: grades out to an LMS: a roster, Canvas's and Moodle's import files;
+- export: nbgrader export plugins: grades.csv, and the LMS files (make grade-export);
 - __main__: the command line.
 """
