@@ -11,7 +11,7 @@ PIPLOG := $(VENV)/pip-install.log
 # Seconds a single notebook cell may take before nbval / nbconvert give up on it.
 CELL_TIMEOUT ?= 900
 
-.PHONY: help venv doctor data run test unit handout release grade grade-merge grade-export index gpu clean
+.PHONY: help venv doctor data run test unit handout release grade grade-merge grade-export collect index gpu clean
 
 help:
 	@echo "make doctor   set up (first time), then check this machine against what each lesson needs"
@@ -21,6 +21,8 @@ help:
 	@echo "make release  the nbgrader course in build/course/: source/ and release/ (student copies)"
 	@echo "make grade SUBMISSIONS=dir  autograde one sub-folder per student into build/course/grades.csv"
 	@echo "           [JOBS=n] [STUDENTS=a,b] [REGRADE=1] [SHARD=i/m] [SANDBOX=0] [MEMORY_MB=n]"
+	@echo "make collect FROM=download.zip ROSTER=roster.csv  Canvas's or Moodle's submission zip into"
+	@echo "           one folder per student [INTO=build/submissions], what make grade reads"
 	@echo "make grade-merge  merge the SHARD=i/m gradings into one gradebook, grades.csv, feedback"
 	@echo "make grade-export FORMAT=canvas|moodle|csv ROSTER=roster.csv  the gradebook's points per"
 	@echo "           notebook as the LMS's import file [COLUMNS_CSV=columns.csv] [OUT=file]"
@@ -91,6 +93,14 @@ grade: data
 # one gradebook, grades.csv, feedback and report.
 grade-merge: $(STAMP)
 	$(PY) -m tools.course merge --course $(COURSE) --timeout $(CELL_TIMEOUT)
+
+# An LMS's submission download (Canvas's "Download Submissions", Moodle's "Download all
+# submissions": one zip per assignment) into INTO/<nbgrader id>/, through the roster that
+# grade-export reads (tools/course/collect.py); run it once per zip, then make grade.
+INTO ?= build/submissions
+collect: $(STAMP)
+	@test -n "$(FROM)" -a -n "$(ROSTER)" || { echo "make collect: name the zip and the roster: make collect FROM=submissions.zip ROSTER=roster.csv" >&2; exit 2; }
+	$(PY) -m tools.course collect "$(FROM)" --roster "$(ROSTER)" --into "$(INTO)"
 
 # The gradebook's points per student and notebook as the file an LMS's gradebook import reads
 # (tools/course/lms.py says the formats): ROSTER maps nbgrader ids to the LMS's ids; COLUMNS_CSV

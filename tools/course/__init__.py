@@ -37,6 +37,7 @@ Modules, each importing only those above it:
   report), and what needs no running;
 - shards: SHARD=i/m, and merging the shards;
 - lms: grades out to an LMS: a roster, Canvas's and Moodle's import files;
+- collect: submissions in: an LMS's submission zip into one folder per student;
 - export: nbgrader export plugins: grades.csv, and the LMS files (make grade-export);
 - __main__: the command line.
 """

@@ -1,4 +1,4 @@
-"""`python -m tools.course release|grade`: the command line of the course (see __init__.py)."""
+"""`python -m tools.course release|grade|merge|collect`: the course's command line (__init__.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import tools.course
+from tools.course.collect import collect
 from tools.course.grade import grade
 from tools.course.nbgrader_course import DEFAULT_COURSE
 from tools.course.release import release
@@ -72,11 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
                 help="i/m: grade the i-th (from 0) of m slices of the students into "
                 "COURSE/shards/ (m alone: i from Slurm or Kubernetes)",
             )
+    p = sub.add_parser("collect", help="an LMS's submission zip into one folder per student")
+    p.add_argument("zip", type=Path, help="Canvas's or Moodle's download of one assignment")
+    p.add_argument("--roster", type=Path, required=True, help="nbgrader_id and the LMS's ids")
+    p.add_argument("--into", type=Path, default=Path("build/submissions"))
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "collect":
+        try:
+            collect(args.zip, args.roster, args.into)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"make collect: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "release":
         for path in release(args.course, args.lessons, timeout=args.timeout):
             print(f"released {path}")
