@@ -29,6 +29,8 @@ Modules, each importing only those above it:
 - sandbox: the bubblewrap sandbox of a graded kernel, and the memory limit;
 - release: the student release;
 - submissions: finding and repairing what each student handed in;
+- codescan, tamper: the static scan of solution cells for what could make a failing test
+  pass (codescan reads one cell; tamper reads the notebook and says what it costs);
 - report: which cells failed and why, points from the gradebook, grades.csv and report.txt;
 - merge: moving a graded submission from one course folder's gradebook into another's;
 - pair: one (student, notebook) graded in a course folder of its own, and merged back;

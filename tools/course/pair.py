@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 
 from helpers.files import atomic_path
-from tools.course import sandbox
+from tools.course import sandbox, tamper
 from tools.course.lessons import NEEDS
 from tools.course.merge import copy_submission, forget_submission, replace_files
 from tools.course.nbgrader_course import KILLED, gradebook_at, nbgrader, with_points, write_config
@@ -143,6 +143,9 @@ def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> Pa
     restored = repair(nb, release_nb)
     if restored:
         notes.append("put back deleted cells: " + ", ".join(restored))
+    # read before it runs (a cell that ends the kernel is replaced when graded again)
+    source = nbformat.read(str(work / "source" / a / f"{a}.ipynb"), as_version=4)
+    flagged = tamper.flag_notes(tamper.scan(nb, source), nb, source)
     target = work / "submitted" / student / a / f"{a}.ipynb"
     target.parent.mkdir(parents=True)
     nbformat.write(nb, str(target))
@@ -186,9 +189,30 @@ def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> Pa
             f"see logs/autograde-{student}-{a}.log"
             + (f" ({last[0].strip()[:160]})" if last else "")
         )
-        return PairRun(work, False, notes)
+        return PairRun(work, False, notes + [note for note, _ in flagged])
     notes += cell_errors(here / f"{a}.ipynb")
+    if flagged:
+        zero_tampered(work, a, student, flagged)
+        notes += [note for note, _ in flagged]
     return PairRun(work, True, notes)
+
+
+def zero_tampered(work: Path, a: str, student: str, flagged: list[tuple[str, dict]]) -> None:
+    """In the pair's gradebook: 0 points (a manual score, which nbgrader's grade and feedback
+    then show) for every exercise a finding costs, and the reason as the comment of the
+    solution cell that holds it, so the student's feedback page says why."""
+    from nbgrader.api import MissingEntry
+
+    with gradebook_at(work / "gradebook.db") as gb:
+        for _, lost in flagged:
+            for exercise, why in lost.items():
+                gb.find_grade(f"{exercise}-test", a, a, student).manual_score = 0.0
+                try:
+                    comment = gb.find_comment(f"{exercise}-solution", a, a, student)
+                    comment.manual_comment = f"0 points: {why}"
+                except MissingEntry:
+                    pass
+        gb.db.commit()
 
 
 def feedback(course: Path, assignment: str, students: list[str]) -> str | None:

@@ -14,6 +14,7 @@ import nbformat
 from helpers.files import atomic_path, write_json
 from tools.course.lessons import cell_id, exercise_of
 from tools.course.nbgrader_course import gradebook
+from tools.course.tamper import FLAG_NOTE
 from tools.notebooks import grade_id, read
 
 REPORT_SCHEMA = 1  # the version of report.json's layout
@@ -169,9 +170,31 @@ def write_grades_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+FLAGGED_COLUMNS = ["student", "notebook", "exercise", "cell", "line", "what", "scores_0"]
+
+
+def write_flagged(path: Path, pairs: list[PairOutcome]) -> int:
+    """flagged.csv: every solution cell the scan for tampering flagged (tools/course/tamper.py),
+    one row per finding, for the instructor to look at; all or nothing. How many rows."""
+    rows = []
+    for p in pairs:
+        for note in p.notes:
+            m = FLAG_NOTE.match(note)
+            if m:
+                rows.append([p.student, p.notebook, *m.group("exercise", "cell", "line", "what")])
+                rows[-1].append(m.group("zeroed"))
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(FLAGGED_COLUMNS)
+        writer.writerows(rows)
+    return len(rows)
+
+
 def write_report(course: Path, rows: list[dict], pairs: list[PairOutcome], say=print) -> None:
-    """Write grades.csv (rows) and report.txt (points, seconds and notes of each pair); say it."""
+    """Write grades.csv (rows), flagged.csv and report.txt (points, seconds and notes of each
+    pair); say it."""
     write_grades_csv(course / "grades.csv", rows)
+    flagged = write_flagged(course / "flagged.csv", pairs)
     lines = []
     for p in pairs:
         mine = [r for r in rows if r["student"] == p.student and r["notebook"] == p.notebook]
@@ -185,3 +208,8 @@ def write_report(course: Path, rows: list[dict], pairs: list[PairOutcome], say=p
     for line in lines:
         say(line)
     say(f"grades: {course / 'grades.csv'}; feedback: {course / 'feedback'}/<student>/<notebook>/")
+    if flagged:
+        say(
+            f"{flagged} solution cell(s) flagged for what could change a check: "
+            f"{course / 'flagged.csv'}"
+        )

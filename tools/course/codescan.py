@@ -1,0 +1,291 @@
+"""The reading half of the scan for tampering (tools/course/tamper.py): one cell's code, as
+IPython runs it, walked with `ast` for what could change a check's verdict. Each finding is
+(line, what it does, reach): reach is ANY when every later test may have been changed, else the
+names whose tests it can change. Nothing is run."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+
+ANY = None  # a finding's reach when every later test may have been changed
+CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "setattr"}
+CALLS |= {"delattr", "get_ipython", "exit", "quit", "breakpoint"}
+DOTTED = re.compile(
+    r"^(os\.(_exit|kill|killpg|abort|system|popen|exec\w*|spawn\w*|fork\w*)|"
+    r"sys\.(exit|settrace|setprofile|_getframe|addaudithook|setrecursionlimit)|"
+    r"threading\.(settrace|setprofile)\w*|signal\.\w+|atexit\.\w+|faulthandler\.\w+|"
+    r"subprocess\.\w+|pty\.\w+|importlib\.\w+|gc\.\w+|ctypes\.\w+|inspect\.\w+|"
+    r"IPython\.\w+|ipykernel\.\w+|builtins\.\w+)$"
+)
+MODULES = {"builtins", "gc", "ctypes", "importlib", "inspect", "IPython", "ipykernel"}
+MODULES |= {"__main__", "faulthandler", "pty", "subprocess"}
+ATTRS = {"__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__subclasses__"}
+ATTRS |= {"__bases__", "__mro__", "__getattribute__", "__setattr__", "__delattr__", "f_back"}
+ATTRS |= {"f_globals", "f_locals", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "modules"}
+ATTRS |= {"excepthook", "displayhook", "stdout", "stderr", "stdin"}  # sys's, when assigned
+ENDS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit", "BaseException"}
+PASSED = re.compile(r"\bexercise\s+\d+\s+passed\b", re.I)  # a test's own line
+SAFE_MAGICS = {"time", "timeit", "matplotlib"}
+BUILTIN_NAMES = set(dir(builtins))
+
+
+def python_of(source: str) -> str:
+    """A cell's source as the kernel runs it: IPython's magics and `!` commands become calls
+    (get_ipython().run_line_magic(...), .system(...)), which the scan then sees."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(source)
+
+
+def _dotted(node) -> str | None:
+    """'np.testing.assert_allclose' for an attribute chain on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def _is_ipython(node) -> bool:
+    """Whether `node` is the call get_ipython()."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "get_ipython"
+    )
+
+
+def _root(node) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call, ast.Starred)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def imports_of(tree) -> dict[str, str]:
+    """Name -> the dotted name it was imported as (`np` -> numpy, `isclose` -> math.isclose)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if a.name != "*":
+                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def parse(source: str):
+    try:
+        return ast.parse(python_of(source))
+    except (SyntaxError, ValueError):  # it fails on its own; nothing to follow
+        return None
+
+
+class CellScan(ast.NodeVisitor):
+    """The findings of one solution cell; `imported` maps names to what they were imported as
+    (the lesson's imports and this cell's), `own` the functions solutions define."""
+
+    def __init__(self, imported: dict, own: set[str]):
+        self.imported, self.own = dict(imported), own
+        self.tainted: set[str] = set()  # names that may hold a module or a part of one
+        self.found: list[tuple[int, str, frozenset | None]] = []
+
+    def holds(self, node) -> bool:
+        """Whether an expression may evaluate to something imported or a part of it (a
+        module, its functions): `np.testing`, `[np]`, `getattr(np, 'x')`, `(lambda: np)()`;
+        not the result of calling it (`np.array(...)`, `tf.keras.Sequential(...)`)."""
+        if node is None:
+            return False
+        chain = _dotted(node)
+        if chain is not None:
+            return chain.split(".")[0] in self.imported or chain.split(".")[0] in self.tainted
+        if isinstance(node, ast.Call):
+            called = _dotted(node.func)
+            if called and called.split(".")[0] in self.imported:
+                return False  # what a library returns: np.zeros(..., dtype=np.int8)
+            parts = [*node.args, *(k.value for k in node.keywords)]
+            if called is None:
+                parts.append(node.func)
+            return any(self.holds(p) for p in parts)
+        if isinstance(node, ast.Lambda):
+            return self.holds(node.body)
+        return any(self.holds(c) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
+
+    def taint(self, target, value) -> None:
+        """Names in `target` bound from `value`: held modules are followed."""
+        if not self.holds(value):
+            return
+        for n in ast.walk(target):
+            if isinstance(n, ast.Name):
+                self.tainted.add(n.id)
+        chain = _dotted(value)
+        if isinstance(target, ast.Name) and chain and chain.split(".")[0] in self.imported:
+            self.imported[target.id] = self.resolve(chain)  # `t = np.testing`: an alias
+
+    def add(self, node, what, reach=ANY):
+        self.found.append((getattr(node, "lineno", 1), what, reach))
+
+    def resolve(self, dotted: str) -> str:
+        head, _, rest = dotted.partition(".")
+        base = self.imported.get(head)
+        return f"{base}.{rest}".rstrip(".") if base else dotted
+
+    def target(self, node, verb: str):
+        """An assignment's or deletion's target: attributes of anything imported."""
+        if isinstance(node, (ast.Tuple, ast.List)):
+            for elt in node.elts:
+                self.target(elt, verb)
+            return
+        if isinstance(node, ast.Starred):
+            return self.target(node.value, verb)
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            root = _root(node)
+            if isinstance(root, ast.Name) and root.id in self.tainted - set(self.imported):
+                self.add(node, f"{verb} {ast.unparse(node)}, which may hold an imported module")
+            elif isinstance(root, ast.Name) and root.id in self.imported:
+                name = _dotted(node) or f"{ast.unparse(node)}"
+                subscript_ok = isinstance(node, ast.Subscript) and not re.search(
+                    r"\b(modules|__dict__|__builtins__)\b", ast.unparse(node)
+                )
+                if subscript_ok:  # plt.rcParams[...] = ..., os.environ[...] = ...
+                    return
+                # library code reads module attributes when it runs: any later check may
+                # call what was rebound, so every later test is reached
+                self.add(node, f"{verb} {self.resolve(name)}")
+
+    def visit_Assign(self, node):
+        for t in node.targets:
+            self.target(t, "rebinds")
+            self.taint(t, node.value)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        self.target(node.target, "rebinds")
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node):
+        self.target(node.target, "rebinds")
+        self.taint(node.target, node.value)
+        self.generic_visit(node)
+
+    def visit_NamedExpr(self, node):
+        self.taint(node.target, node.value)
+        self.generic_visit(node)
+
+    def visit_For(self, node):
+        self.taint(node.target, node.iter)
+        self.generic_visit(node)
+
+    visit_AsyncFor = visit_For
+
+    def visit_comprehension(self, node):
+        self.taint(node.target, node.iter)
+        self.generic_visit(node)
+
+    def visit_With(self, node):
+        for item in node.items:
+            if item.optional_vars is not None:
+                self.taint(item.optional_vars, item.context_expr)
+        self.generic_visit(node)
+
+    visit_AsyncWith = visit_With
+
+    def visit_arguments(self, node):
+        args = [*node.posonlyargs, *node.args]
+        for arg, default in zip(args[len(args) - len(node.defaults) :], node.defaults):
+            self.taint(ast.Name(arg.arg), default)
+        for arg, default in zip(node.kwonlyargs, node.kw_defaults):
+            self.taint(ast.Name(arg.arg), default)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node):
+        for t in node.targets:
+            self.target(t, "deletes")
+        self.generic_visit(node)
+
+    def visit_Import(self, node):
+        for a in node.names:
+            if a.name.split(".")[0] in MODULES:
+                self.add(node, f"imports {a.name}")
+            self.imported[a.asname or a.name.split(".")[0]] = (
+                a.name if a.asname else a.name.split(".")[0]
+            )
+
+    def visit_ImportFrom(self, node):
+        module = node.module or ""
+        for a in node.names:
+            full = f"{module}.{a.name}"
+            if module.split(".")[0] in MODULES or DOTTED.match(full) or a.name == "*":
+                self.add(node, f"imports {full}")
+            self.imported[a.asname or a.name] = full
+
+    def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Attribute) and _is_ipython(func.value):
+            return self.ipython(node, func.attr)
+        if isinstance(func, ast.Name) and func.id in CALLS and func.id not in self.imported:
+            self.add(node, f"calls {func.id}()")
+            for part in [*node.args, *node.keywords]:
+                self.visit(part)
+            return
+        dotted = _dotted(func)
+        if dotted:
+            full = self.resolve(dotted)
+            if DOTTED.match(full):
+                self.add(node, f"calls {full}()")
+        if isinstance(func, ast.Name) and func.id in self.own:
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if self.holds(arg):  # a module handed to one's own function, to rebind there
+                    chain = _dotted(arg)
+                    held = self.resolve(chain) if chain else ast.unparse(arg)
+                    self.add(node, f"passes {held} to {func.id}()")
+        if isinstance(func, ast.Name) and func.id == "print":
+            # the printed text as written: f-strings' braces and the quotes taken off
+            text = re.sub(r"""\bf(?=['"])|[{}'"]""", "", " ".join(map(ast.unparse, node.args)))
+            if PASSED.search(text):
+                self.add(node, "prints a test's success message", frozenset())
+        self.generic_visit(node)
+
+    def ipython(self, node, method: str):
+        """get_ipython().<method>(...): a magic or a shell command. %time and %timeit (and
+        %matplotlib) only time or plot: the code they run is read like any other; every other
+        use of the shell is flagged."""
+        args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
+        if method in ("run_line_magic", "run_cell_magic") and args and args[0] in SAFE_MAGICS:
+            for code in args[1:]:
+                tree = parse(code) if isinstance(code, str) and code.strip() else None
+                if tree is not None:
+                    self.visit(tree)
+            return
+        if method == "system":
+            self.add(node, f"runs the shell command !{args[0] if args else ''}")
+        elif method in ("run_line_magic", "run_cell_magic") and args:
+            self.add(node, f"runs the magic %{args[0]}")
+        else:
+            self.add(node, f"calls get_ipython().{method}()")
+
+    def visit_Attribute(self, node):
+        if node.attr in ATTRS and not (
+            node.attr in {"stdout", "stderr", "stdin", "excepthook", "displayhook", "modules"}
+            and isinstance(node.ctx, ast.Load)
+            and node.attr != "modules"
+        ):
+            self.add(node, f"reaches .{node.attr}")
+        self.generic_visit(node)
+
+    def visit_Name(self, node):
+        if node.id == "__builtins__":
+            self.add(node, "reaches __builtins__")
+        elif node.id in CALLS and node.id not in self.imported and isinstance(node.ctx, ast.Load):
+            self.add(node, f"uses {node.id}")  # `f = setattr`: called later under another name
+
+    def visit_Raise(self, node):
+        exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        if isinstance(exc, ast.Name) and exc.id in ENDS:
+            self.add(node, f"raises {exc.id}", frozenset())
+        self.generic_visit(node)
