@@ -45,6 +45,8 @@ HONEST = {
     "a timing magic": "%time total = sum(range(10))\n",
     "plot and environment settings": "import os\nos.environ['X'] = '1'\n",
     "its own object's attributes": "class Box:\n    pass\n\nbox = Box()\nbox.value = 3\n",
+    "a dataclass of its own": "from dataclasses import dataclass\n\n@dataclass\nclass Run:\n"
+    "    loss: float\n\nruns = sorted([Run(0.2), Run(0.1)], key=lambda r: r.loss)\n",
     "a library's result changed": "grid = np.zeros((2, 2), dtype=np.int8)\ngrid[0, 0] = 1\n"
     "grid.shape = (4,)\nimport matplotlib.pyplot as plt\nplt.rcParams['figure.dpi'] = 80\n",
 }
@@ -119,6 +121,23 @@ ATTACKS = {
     ),
     "put = setattr\nput(np.testing, 'assert_allclose', print)": (
         "uses setattr",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "class C:\n    t = np.testing\n\nC.t.assert_allclose = print": (
+        "rebinds C.t.assert_allclose, which may hold an imported module",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "def g():\n    return np.testing\n\ng().assert_allclose = print": (
+        "rebinds g().assert_allclose, which may hold an imported module",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "import sys\nsys.path.insert(0, '/tmp')\nimport patch_numpy": (
+        "imports patch_numpy, which is not an installed module",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "import pickle\npickle.loads(b'payload')": ("calls pickle.loads()", {"nb02-ex2", "nb02-ex3"}),
+    "class Yes(float):\n    def __lt__(self, other):\n        return True\n": (
+        "defines __lt__, with which an answer can lie to a check",
         {"nb02-ex2", "nb02-ex3"},
     ),
     "m = (lambda: np)()\nm.testing.assert_allclose = print": (

@@ -17,10 +17,16 @@ DOTTED = re.compile(
     r"sys\.(exit|settrace|setprofile|_getframe|addaudithook|setrecursionlimit)|"
     r"threading\.(settrace|setprofile)\w*|signal\.\w+|atexit\.\w+|faulthandler\.\w+|"
     r"subprocess\.\w+|pty\.\w+|importlib\.\w+|gc\.\w+|ctypes\.\w+|inspect\.\w+|"
-    r"IPython\.\w+|ipykernel\.\w+|builtins\.\w+)$"
+    r"IPython\.\w+|ipykernel\.\w+|builtins\.\w+|runpy\.\w+|sys\.path\.\w+|site\.\w+|"
+    r"pkgutil\.\w+|zipimport\.\w+|copyreg\.\w+|marshal\.\w+|pickle\.(loads?|Unpickler)|"
+    r"types\.(FunctionType|CodeType|LambdaType|ModuleType))$"
 )
 MODULES = {"builtins", "gc", "ctypes", "importlib", "inspect", "IPython", "ipykernel"}
-MODULES |= {"__main__", "faulthandler", "pty", "subprocess"}
+MODULES |= {"__main__", "faulthandler", "pty", "subprocess", "runpy", "site", "marshal"}
+# an answer object that can lie to a check: comparisons, truth, numbers, numpy's protocols
+LIARS = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__abs__"}
+LIARS |= {"__float__", "__int__", "__index__", "__round__", "__complex__", "__array__"}
+LIARS |= {"__array_ufunc__", "__array_function__", "__instancecheck__", "__subclasscheck__"}
 ATTRS = {"__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__subclasses__"}
 ATTRS |= {"__bases__", "__mro__", "__getattribute__", "__setattr__", "__delattr__", "f_back"}
 ATTRS |= {"f_globals", "f_locals", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "modules"}
@@ -29,6 +35,17 @@ ENDS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit", "BaseException"}
 PASSED = re.compile(r"\bexercise\s+\d+\s+passed\b", re.I)  # a test's own line
 SAFE_MAGICS = {"time", "timeit", "matplotlib"}
 BUILTIN_NAMES = set(dir(builtins))
+
+
+def installed(dotted: str) -> bool:
+    """Whether a module's top-level package is installed here (found, not imported): a module
+    a solution wrote itself and then imports runs code the scan never read."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(dotted.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def python_of(source: str) -> str:
@@ -212,6 +229,8 @@ class CellScan(ast.NodeVisitor):
         for a in node.names:
             if a.name.split(".")[0] in MODULES:
                 self.add(node, f"imports {a.name}")
+            elif not installed(a.name):
+                self.add(node, f"imports {a.name}, which is not an installed module")
             self.imported[a.asname or a.name.split(".")[0]] = (
                 a.name if a.asname else a.name.split(".")[0]
             )
@@ -222,6 +241,8 @@ class CellScan(ast.NodeVisitor):
             full = f"{module}.{a.name}"
             if module.split(".")[0] in MODULES or DOTTED.match(full) or a.name == "*":
                 self.add(node, f"imports {full}")
+            elif node.level or not installed(module):
+                self.add(node, f"imports from {module or '.'}, which is not an installed module")
             self.imported[a.asname or a.name] = full
 
     def visit_Call(self, node):
@@ -277,6 +298,22 @@ class CellScan(ast.NodeVisitor):
         ):
             self.add(node, f"reaches .{node.attr}")
         self.generic_visit(node)
+
+    def visit_FunctionDef(self, node):
+        if node.name in LIARS:
+            self.add(node, f"defines {node.name}, with which an answer can lie to a check")
+        self.generic_visit(node)
+        returns = [n.value for n in ast.walk(node) if isinstance(n, (ast.Return, ast.Yield))]
+        if any(self.holds(r) for r in returns):
+            self.tainted.add(node.name)  # `def g(): return np.testing`, then g().x = ...
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
+        self.generic_visit(node)
+        held = [n.value for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
+        if any(self.holds(v) for v in held) or any(self.holds(b) for b in node.bases):
+            self.tainted.add(node.name)  # `class C: t = np.testing`, then C.t.x = ...
 
     def visit_Name(self, node):
         if node.id == "__builtins__":
