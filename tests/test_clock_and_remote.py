@@ -105,3 +105,39 @@ def test_the_placement_a_session_offers(monkeypatch):
     with pytest.raises(slurm.SlurmError, match="no Slurm allocation: run inside salloc or sbatch"):
         monkeypatch.delenv("SLURM_JOB_ID")
         placement.Slurm()
+
+
+def test_a_process_start_is_read_before_its_first_line_and_not_a_second_early():
+    """A child stamps time.time() on its first line, then reads process_started(): the start
+    comes before the stamp, by no more than an interpreter's start (psutil's create_time on
+    Linux could read up to a second early, before the parent even launched it)."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import time; first = time.time()\n"
+        "from helpers.system.clock import process_started\n"
+        "print(first, process_started())"
+    )
+    launched = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, started = map(float, out.stdout.split())
+    assert launched - 0.05 <= started <= first, (launched, started, first)
+    assert first - started < 2.0, (started, first)  # an interpreter's start, even when loaded
+
+
+def test_without_proc_uptime_the_process_start_is_psutils(monkeypatch):
+    import builtins
+
+    import psutil
+
+    real_open = builtins.open
+
+    def no_uptime(path, *args, **kwargs):
+        if str(path) == "/proc/uptime":
+            raise FileNotFoundError(path)  # as on macOS, which has no /proc
+        return real_open(path, *args, **kwargs)  # psutil reads /proc/<pid>/stat itself
+
+    monkeypatch.setattr(builtins, "open", no_uptime)
+    assert clock.process_started() == psutil.Process().create_time()

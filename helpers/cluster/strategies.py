@@ -20,6 +20,7 @@ import numpy as np
 
 from helpers import files
 from helpers.data.arrays import load_arrays
+from helpers.system.clock import process_started
 from helpers.system.control import Event, event_line, event_writer
 from helpers.system.netns import loopback_tx_bytes
 from helpers.system.processes import die_with_parent, lean_keras_import
@@ -65,12 +66,11 @@ def ring_bytes(grad_bytes: int, workers: int) -> float:
 
 def run_mwms(job: dict) -> dict:
     """Train with MultiWorkerMirroredStrategy, once per entry of job["runs"], all in lock-step."""
-    import psutil
     import tensorflow as tf
 
     from helpers.system.resources import ResourceMonitor
 
-    started = psutil.Process().create_time()
+    started = process_started()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     ready = time.time()
     tf_config = json.loads(os.environ["TF_CONFIG"])
@@ -244,7 +244,6 @@ def run_ps(job: dict) -> dict:
 
     `steps` updates are timed after one more that traces the step function.
     """
-    import psutil
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -255,7 +254,7 @@ def run_ps(job: dict) -> dict:
     )
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    started, ready = psutil.Process().create_time(), time.time()
+    started, ready = process_started(), time.time()
     dataset_fn = _rows_dataset_fn(job["data_file"], job["batch_size"])
     with strategy.scope():
         model = build(job.get("model", "logreg"), (28, 28), 10, job.get("seed", 0))

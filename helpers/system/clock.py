@@ -74,3 +74,23 @@ class OffsetEstimate:
     def error(self) -> float | None:
         """The most the offset can be off by: half the best round trip (s)."""
         return None if self.best is None else self.best[0] / 2
+
+
+def process_started() -> float:
+    """When this process started, on time.time()'s clock.
+
+    psutil's `create_time()` is exact on macOS, but on Linux it adds the process's start (clock
+    ticks since boot, /proc/self/stat) to /proc/stat's boot time, which is whole seconds, so it
+    can read up to a second early: a task could seem to start before the launch that started
+    it. On Linux the boot time comes from /proc/uptime instead (hundredths of a second);
+    anywhere else, or if /proc cannot be read, psutil's answer."""
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # starttime (proc(5))
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return psutil.Process().create_time()
