@@ -162,7 +162,7 @@ SECOND["nb03-ex2"] = _("""
         net = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
         opt = make_optimizer("proximal_gd", 0.5, l1=l1)
         h = train_loop(net, opt, make_loss("sparse_softmax_ce"),
-                  (x_train, y_train), (x_test, y_test), epochs=1, batch_size=BATCH)
+                  (x_train, y_train), (x_dev, y_dev), epochs=1, batch_size=BATCH)
         k = net.layers[-1].kernel.numpy()
         return float(np.count_nonzero(k == 0) / k.size), float(h["eval_acc"][-1])
 
