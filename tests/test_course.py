@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 
 import nbformat
 import psutil
@@ -27,6 +28,7 @@ from nbformat.corpus.words import generate_corpus_id
 
 from helpers.config import REPO_ROOT as ROOT
 from tools.course import grade, lessons, nbgrader_course, release, sandbox
+from tools.course.collect import collect
 from tools.notebooks import NOTEBOOK_DIR, grade_id, notebook_paths, read
 
 # runs nbgrader release and autograde on real notebooks: `make unit` leaves it out
@@ -72,6 +74,10 @@ GAMED = textwrap.dedent("""\
     def young_interval(c_seconds, mtbf_seconds):
         seen = {(2, 86400): 587.877538, (30, 3600): 464.758002, (0.5, 600): 24.494897}
         return seen.get((c_seconds, mtbf_seconds), 1.0)
+""")
+ANSWER_YOUNG = textwrap.dedent("""\
+    def young_interval(c_seconds, mtbf_seconds):
+        return (2 * c_seconds * mtbf_seconds) ** 0.5
 """)
 # Starts a TensorFlow server process that leaves the kernel's process group, then dies. The
 # server's command line carries a mark, by which the test looks for it afterwards.
@@ -469,6 +475,117 @@ def test_nbgrader_export_in_the_course_folder_writes_what_grading_wrote(graded, 
             return sorted(tuple(r.values()) for r in csv.DictReader(f))
 
     assert rows(out) == rows(where / "grades.csv") and len(rows(out)) > 0
+
+
+# Wrong answers to notebook 07's exercise that pass its checks by changing what they call.
+WRONG_YOUNG = "def young_interval(c_seconds, mtbf_seconds):\n    return 1.0\n"
+TAMPERED = {
+    "abe": WRONG_YOUNG + "abs = lambda x: 0\nmin = lambda *a: float('inf')\n",  # builtins shadowed
+    "bea": WRONG_YOUNG + "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.min = max\n",
+    "cal": GAMED + "print('Exercise 2 passed.')\nimport os\nos._exit(0)\n",  # ends the kernel
+}
+
+
+def test_tampering_scores_0_is_flagged_and_leaves_earlier_exercises_their_points(graded, tmp_path):
+    """Hand-written hostile answers through grading (tools/course/tamper.py): each wrong answer
+    that disables its exercise's checks scores 0 there, with the reason in report.txt,
+    flagged.csv and the feedback; the exercise before it keeps its points, and a finding
+    that cannot reach the next test (a raise) leaves that test its points."""
+    where = graded["course"]
+    rel = read(where / "release" / BOUNDS / f"{BOUNDS}.ipynb")
+    for student, source in TAMPERED.items():
+        hand_in(
+            tmp_path / "subs",
+            student,
+            BOUNDS,
+            answer(answer(rel, "nb06-ex2", BISECTION), "nb07-ex2", source),
+        )
+    dee = answer(
+        answer(rel, "nb06-ex2", "beta_max = 1.0\nraise SystemExit"), "nb07-ex2", ANSWER_YOUNG
+    )
+    hand_in(tmp_path / "subs", "dee", BOUNDS, dee)
+    lines: list[str] = []
+    rows = grade.grade(
+        tmp_path / "subs",
+        where,
+        quick=True,
+        timeout=60,
+        src=graded["src"],
+        say=lines.append,
+        jobs=2,
+    )
+    got = points(rows)
+    for student in TAMPERED:
+        assert (got[student, "nb06-ex2"], got[student, "nb07-ex2"]) == (2.0, 0.0), (student, lines)
+    assert (got["dee", "nb06-ex2"], got["dee", "nb07-ex2"]) == (0.0, 2.0), lines
+    with nbgrader_course.gradebook(where) as gb:  # the shadowed checks did pass in the kernel
+        for student in ("abe", "bea"):
+            g = gb.find_grade("nb07-ex2-test", BOUNDS, BOUNDS, student)
+            assert (g.auto_score, g.manual_score, g.score) == (2.0, 0.0, 0.0), student
+    with open(where / "flagged.csv", newline="") as f:
+        flagged = list(csv.DictReader(f))
+    said = {(r["student"], r["what"]): r["scores_0"] for r in flagged}
+    assert said[("abe", "rebinds `abs`, which the test of nb07-ex2 reads")] == "nb07-ex2"
+    assert said[("bea", "rebinds builtins.abs")] == "nb07-ex2"
+    assert said[("cal", "calls os._exit()")] == "nb07-ex2"
+    assert said[("dee", "raises SystemExit")] == "nb06-ex2"
+    assert any("tampering: nb07-ex2 cell" in line and "abe" not in line for line in lines)
+    page = (where / "feedback" / "abe" / BOUNDS / f"{BOUNDS}.html").read_text()
+    # the feedback page renders the comment as markdown: both findings, the names as code
+    assert "0 points: its solution rebinds <code>abs</code>" in page
+    assert "its solution rebinds <code>min</code>" in page
+    assert grading_processes() == []
+
+
+def test_a_canvas_download_is_collected_graded_and_exported_for_canvas(graded, tmp_path):
+    """The LMS round trip: a zip in Canvas's "Download Submissions" naming, made here, is
+    collected through the roster (tools/course/collect.py), graded, and the gradebook exported
+    as Canvas's import file through `nbgrader export` (tools/course/lms.py)."""
+    where, ref = graded["course"], graded["ref"]
+    with zipfile.ZipFile(tmp_path / "canvas.zip", "w") as zf:  # ida: late, renamed by Canvas
+        zf.writestr(f"okaforida_LATE_1301_9001_{BOUNDS}-1.ipynb", nbformat.writes(ref[BOUNDS]))
+        zf.writestr(f"strangerx_1399_9002_{BOUNDS}.ipynb", nbformat.writes(ref[BOUNDS]))
+    with nbgrader_course.gradebook(where) as gb:
+        known = sorted(s.id for s in gb.students)
+    roster = tmp_path / "roster.csv"
+    with open(roster, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["nbgrader_id", "Student", "ID", "SIS User ID", "SIS Login ID", "Section"])
+        for i, sid in enumerate(known + ["ida"]):
+            writer.writerow(
+                [sid, f"Student, {sid}", 1400 + i if sid != "ida" else 1301, "", "", ""]
+            )
+    lines: list[str] = []
+    got = collect(tmp_path / "canvas.zip", roster, tmp_path / "subs", say=lines.append)
+    assert got.files == {"ida": [f"{BOUNDS}-1.ipynb"]} and got.late == ["ida"], lines
+    assert got.unmapped == ["strangerx (1399)"], lines
+    rows = grade.grade(tmp_path / "subs", where, quick=True, timeout=60, src=graded["src"])
+    mine = {e: p for (s, e), p in points(rows).items() if s == "ida"}
+    assert mine == {"nb06-ex2": 2.0, "nb07-ex2": 2.0, "nb01-ex2": 0.0}, mine
+    done = subprocess.run(
+        [
+            "make",
+            "-s",
+            "-o",
+            ".venv/.installed",
+            "grade-export",
+            f"COURSE={where}",
+            "FORMAT=canvas",
+            f"ROSTER={roster}",
+            f"OUT={tmp_path / 'canvas.csv'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "canvas.csv", newline="") as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", DOC2VEC, BOUNDS]
+    assert table[1] == ["    Points Possible", "", "", "", "", "2", "4"]
+    assert {r[1]: r[5:] for r in table[2:]}["1301"] == ["0", "4"]  # ida: 02 only, in full
+    assert grading_processes() == []
 
 
 def test_a_hanging_cell_times_out_and_other_students_keep_their_grades(graded, tmp_path):

@@ -203,15 +203,18 @@ def zero_tampered(work: Path, a: str, student: str, flagged: list[tuple[str, dic
     solution cell that holds it, so the student's feedback page says why."""
     from nbgrader.api import MissingEntry
 
+    reasons: dict[str, list[str]] = {}
+    for _, lost in flagged:
+        for exercise, why in lost.items():
+            reasons.setdefault(exercise, []).append(why)
     with gradebook_at(work / "gradebook.db") as gb:
-        for _, lost in flagged:
-            for exercise, why in lost.items():
-                gb.find_grade(f"{exercise}-test", a, a, student).manual_score = 0.0
-                try:
-                    comment = gb.find_comment(f"{exercise}-solution", a, a, student)
-                    comment.manual_comment = f"0 points: {why}"
-                except MissingEntry:
-                    pass
+        for exercise, whys in reasons.items():
+            gb.find_grade(f"{exercise}-test", a, a, student).manual_score = 0.0
+            try:
+                comment = gb.find_comment(f"{exercise}-solution", a, a, student)
+                comment.manual_comment = "0 points: " + "; ".join(whys)
+            except MissingEntry:
+                pass
         gb.db.commit()
 
 
