@@ -45,6 +45,18 @@ HONEST = {
     "a timing magic": "%time total = sum(range(10))\n",
     "plot and environment settings": "import os\nos.environ['X'] = '1'\n",
     "its own object's attributes": "class Box:\n    pass\n\nbox = Box()\nbox.value = 3\n",
+    "its own object's attributes, set from a module's functions": "class Net:\n"
+    "    def __init__(self, **kw):\n        self.act = np.tanh\n        self.w = 0.0\n"
+    "        for k, v in kw.items():\n            setattr(self, k, v)\n\nnet = Net(b=1)\n",
+    "a table of optimizers": "opts = {}\nopts['sgd'] = keras.optimizers.SGD\n"
+    "opts['adam'] = keras.optimizers.Adam\n",
+    "display options and memory": "import pandas as pd\npd.options.display.max_columns = None\n"
+    "import gc\ngc.collect()\nimport inspect\ninspect.signature(print)\n",
+    "events ordered in a heap": "import heapq\n\nclass Event:\n    def __init__(self, t):\n"
+    "        self.t = t\n\n    def __lt__(self, other):\n        return self.t < other.t\n\n"
+    "heap = [Event(2), Event(1)]\nheapq.heapify(heap)\n",
+    "keras through tensorflow": "from tensorflow import keras\n",
+    "output captured": "%%capture\nprint('quiet')\n",
     "a dataclass of its own": "from dataclasses import dataclass\n\n@dataclass\nclass Run:\n"
     "    loss: float\n\nruns = sorted([Run(0.2), Run(0.1)], key=lambda r: r.loss)\n",
     "a library's result changed": "grid = np.zeros((2, 2), dtype=np.int8)\ngrid[0, 0] = 1\n"
@@ -137,8 +149,59 @@ ATTACKS = {
     ),
     "import pickle\npickle.loads(b'payload')": ("calls pickle.loads()", {"nb02-ex2", "nb02-ex3"}),
     "class Yes(float):\n    def __lt__(self, other):\n        return True\n": (
-        "defines __lt__, with which an answer can lie to a check",
+        "defines __lt__ in class Yes, an answer that can lie",
         {"nb02-ex2", "nb02-ex3"},
+    ),
+    "getattr(np.testing, '__dict__')['assert_allclose'] = print": (
+        "reaches .__dict__ through getattr()",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "getattr(np.testing, '__dict__').update(assert_allclose=print)": (
+        "reaches .__dict__ through getattr()",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "import sys\ngetattr(sys, 'settrace')(print)": (
+        "calls sys.settrace()",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "import os\nos.sys.settrace(print)": ("calls os.sys.settrace()", {"nb02-ex2", "nb02-ex3"}),
+    "t = np.array([np.testing], dtype=object)[0]\nt.assert_allclose = print": (
+        "rebinds t.assert_allclose, which may hold an imported module",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "import timeit\ntimeit.timeit('import numpy; numpy.testing.assert_allclose = print')": (
+        "calls timeit.timeit()",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    '%timeit -n1 -r1 -s "np.testing.assert_allclose = print" pass': (
+        "runs %timeit with '-n1 -r1 -s \"np.testing.assert_allclose =', unread",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "class Ans(float):\n    __sub__ = lambda s, o: 0.0\n": (
+        "defines __sub__ in class Ans, an answer that can lie",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "class Ans:\n    pass\n\nAns.__lt__ = lambda s, o: True": (
+        "rebinds Ans.__lt__, a protocol an answer can lie with",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "r = 0.5\nr.__class__.__abs__ = print": (
+        "rebinds r.__class__.__abs__, a protocol an answer can lie with",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "type(np.float64(1)).sqrt = print": (
+        "rebinds type(np.float64(1)).sqrt, a class reached through type()",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "class Stop(SystemExit):\n    pass\n\nraise Stop()": ("raises Stop", set()),
+    "[abs := (lambda x: 0) for _ in 'x']": (
+        "rebinds `abs`, which the test of nb02-ex1 reads",
+        {"nb02-ex3"},
+    ),
+    "import sys\nsys.path[0] = '/tmp'": ("rebinds sys.path", {"nb02-ex2", "nb02-ex3"}),
+    "import types\nkeras = types.SimpleNamespace()": (
+        "rebinds `keras`, which the test of nb02-ex1 reads",
+        {"nb02-ex3"},  # Exercise 3 builds the model with keras
     ),
     "m = (lambda: np)()\nm.testing.assert_allclose = print": (
         "rebinds m.testing.assert_allclose, which may hold an imported module",
@@ -169,3 +232,39 @@ def test_an_attack_in_a_later_solution_leaves_the_earlier_exercises_their_points
     nb = answered(source, {"nb02-ex2": SECOND["nb02-ex2"] + "\nnp.isclose = lambda *a: True"})
     lost = zeroed(scan(nb, source), nb, source)
     assert set(lost) == {"nb02-ex2", "nb02-ex3"}, lost  # nb02-ex1 ran before it
+
+
+def test_a_cell_the_student_added_or_a_lesson_cell_they_edited_is_read_too():
+    """nbgrader puts back only the cells it tracks: an added cell, or lesson code edited, runs
+    as the student wrote it. Each is counted against the first exercise whose test follows."""
+    source = read(LOGREG)
+    nb = answered(source, {"nb02-ex1": WRONG["nb02-ex1"]})
+    at = exercises.exercises(nb)["nb02-ex1"].solution_index
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell("np.testing.assert_allclose = print"))
+    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i > 2)
+    nb.cells[first_code].source += "\nabs = lambda x: 0"
+    found = {(f.cell, f.exercise, f.what) for f in scan(nb, source)}
+    assert (at + 1, "nb02-ex1", "rebinds numpy.testing.assert_allclose") in found, found
+    assert any(c == first_code and "rebinds `abs`" in w for c, _, w in found), found
+
+
+def test_a_module_kept_in_one_solution_and_used_in_a_later_one_is_followed():
+    source = read(LOGREG)
+    nb = answered(
+        source,
+        {
+            "nb02-ex2": SECOND["nb02-ex2"] + "\n_keep = [math]",
+            "nb02-ex3": SECOND["nb02-ex3"] + "\n_keep[0].sqrt = lambda x: 1.0",
+        },
+    )
+    found = scan(nb, source)
+    assert [(f.exercise, f.what) for f in found] == [
+        ("nb02-ex3", "rebinds _keep[0].sqrt, which may hold an imported module")
+    ], found
+
+
+def test_a_lesson_object_a_later_test_reads_changed_in_a_solution_is_flagged():
+    source = read(NOTEBOOK_DIR / "07_fault_tolerance.ipynb")
+    nb = answered(source, {"nb07-ex1": WRONG["nb07-ex1"] + "\nresumed._events = None"})
+    found = [(f.exercise, f.what) for f in scan(nb, source)]
+    assert ("nb07-ex1", "changes resumed._events, which the lesson made") in found, found

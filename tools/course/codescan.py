@@ -16,25 +16,53 @@ DOTTED = re.compile(
     r"^(os\.(_exit|kill|killpg|abort|system|popen|exec\w*|spawn\w*|fork\w*)|"
     r"sys\.(exit|settrace|setprofile|_getframe|addaudithook|setrecursionlimit)|"
     r"threading\.(settrace|setprofile)\w*|signal\.\w+|atexit\.\w+|faulthandler\.\w+|"
-    r"subprocess\.\w+|pty\.\w+|importlib\.\w+|gc\.\w+|ctypes\.\w+|inspect\.\w+|"
+    r"subprocess\.\w+|pty\.\w+|importlib\.\w+|ctypes\.\w+|"
     r"IPython\.\w+|ipykernel\.\w+|builtins\.\w+|runpy\.\w+|sys\.path\.\w+|site\.\w+|"
     r"pkgutil\.\w+|zipimport\.\w+|copyreg\.\w+|marshal\.\w+|pickle\.(loads?|Unpickler)|"
-    r"types\.(FunctionType|CodeType|LambdaType|ModuleType))$"
+    r"types\.(FunctionType|CodeType|LambdaType|ModuleType)|gc\.get_\w+|"
+    r"inspect\.(currentframe|stack|getouterframes|getinnerframes|trace)|timeit\.\w+|"
+    r"code\.\w+|cProfile\.\w+|profile\.\w+|pdb\.\w+|doctest\.\w+|trace\.\w+|"
+    r"pandas\.read_pickle|dill\.\w+|cloudpickle\.\w+|joblib\.load)$"
 )
-MODULES = {"builtins", "gc", "ctypes", "importlib", "inspect", "IPython", "ipykernel"}
+MODULES = {"builtins", "ctypes", "importlib", "IPython", "ipykernel", "code", "pdb"}
 MODULES |= {"__main__", "faulthandler", "pty", "subprocess", "runpy", "site", "marshal"}
-# an answer object that can lie to a check: comparisons, truth, numbers, numpy's protocols
-LIARS = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__abs__"}
-LIARS |= {"__float__", "__int__", "__index__", "__round__", "__complex__", "__array__"}
-LIARS |= {"__array_ufunc__", "__array_function__", "__instancecheck__", "__subclasscheck__"}
+# stores into these are settings, not the library's code: pd.options.display.max_columns = None
+SAFE_STORES = re.compile(r"^(pandas\.options\.|matplotlib\.rcParams)")
+# an answer object that can lie to a check: comparisons with arithmetic, truth, numbers,
+# numpy's protocols. A class with comparisons alone (ordering events in a heap) is honest.
+COMPARES = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"}
+LIARS = {"__bool__", "__abs__", "__float__", "__int__", "__index__", "__round__", "__complex__"}
+LIARS |= {"__array__", "__array_ufunc__", "__array_function__", "__instancecheck__"}
+LIARS |= {"__subclasscheck__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__"}
+LIARS |= {"__rmul__", "__truediv__", "__rtruediv__", "__neg__", "__pow__", "__sub__"}
+VALUES = {"float", "int", "complex", "str", "bool", "tuple", "list", "dict", "set", "frozenset"}
 ATTRS = {"__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__subclasses__"}
 ATTRS |= {"__bases__", "__mro__", "__getattribute__", "__setattr__", "__delattr__", "f_back"}
 ATTRS |= {"f_globals", "f_locals", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "modules"}
 ATTRS |= {"excepthook", "displayhook", "stdout", "stderr", "stdin"}  # sys's, when assigned
 ENDS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit", "BaseException"}
 PASSED = re.compile(r"\bexercise\s+\d+\s+passed\b", re.I)  # a test's own line
-SAFE_MAGICS = {"time", "timeit", "matplotlib"}
+SAFE_MAGICS = {"time", "timeit", "matplotlib", "capture"}
 BUILTIN_NAMES = set(dir(builtins))
+
+
+SELF = {"self", "cls"}  # setattr(self, name, value) in a class of one's own is honest
+REACHED = {"sys", "os", "builtins", "importlib", "signal", "subprocess"}  # os.sys.settrace too
+MUTATORS = {"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear"}
+
+
+def _getattr_dotted(node) -> str | None:
+    """'sys.settrace' for getattr(sys, "settrace"), else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+    ):
+        base = _dotted(node.args[0])
+        return f"{base}.{node.args[1].value}" if base else None
+    return None
 
 
 def installed(dotted: str) -> bool:
@@ -107,9 +135,11 @@ class CellScan(ast.NodeVisitor):
     """The findings of one solution cell; `imported` maps names to what they were imported as
     (the lesson's imports and this cell's), `own` the functions solutions define."""
 
-    def __init__(self, imported: dict, own: set[str]):
+    def __init__(self, imported: dict, own: set[str], tainted=(), lesson=()):
         self.imported, self.own = dict(imported), own
-        self.tainted: set[str] = set()  # names that may hold a module or a part of one
+        self.tainted: set[str] = set(tainted)  # names that may hold a module or a part of one
+        self.lesson = set(lesson)  # names the lesson's own code binds (its objects, data)
+        self.ends: set[str] = set()  # classes of its own that end the run (SystemExit's kind)
         self.found: list[tuple[int, str, frozenset | None]] = []
 
     def holds(self, node) -> bool:
@@ -123,8 +153,13 @@ class CellScan(ast.NodeVisitor):
             return chain.split(".")[0] in self.imported or chain.split(".")[0] in self.tainted
         if isinstance(node, ast.Call):
             called = _dotted(node.func)
+            if called and called.split(".")[0] in self.tainted - set(self.imported):
+                return True  # g() where g returns a module, C.t() on a class holding one
             if called and called.split(".")[0] in self.imported:
-                return False  # what a library returns: np.zeros(..., dtype=np.int8)
+                # what a library returns is its data (np.zeros(..., dtype=np.int8)), unless a
+                # module went in inside a container: np.array([np.testing], dtype=object)
+                held = [a for a in node.args if not isinstance(a, (ast.Name, ast.Attribute))]
+                return any(self.holds(a) for a in held)
             parts = [*node.args, *(k.value for k in node.keywords)]
             if called is None:
                 parts.append(node.func)
@@ -137,9 +172,15 @@ class CellScan(ast.NodeVisitor):
         """Names in `target` bound from `value`: held modules are followed."""
         if not self.holds(value):
             return
-        for n in ast.walk(target):
+        names = [target]
+        while names:  # the names bound (a, (b, *c)), not a container stored into (self.x)
+            n = names.pop()
             if isinstance(n, ast.Name):
                 self.tainted.add(n.id)
+            elif isinstance(n, (ast.Tuple, ast.List)):
+                names += n.elts
+            elif isinstance(n, ast.Starred):
+                names.append(n.value)
         chain = _dotted(value)
         if isinstance(target, ast.Name) and chain and chain.split(".")[0] in self.imported:
             self.imported[target.id] = self.resolve(chain)  # `t = np.testing`: an alias
@@ -160,20 +201,32 @@ class CellScan(ast.NodeVisitor):
             return
         if isinstance(node, ast.Starred):
             return self.target(node.value, verb)
-        if isinstance(node, (ast.Attribute, ast.Subscript)):
-            root = _root(node)
-            if isinstance(root, ast.Name) and root.id in self.tainted - set(self.imported):
-                self.add(node, f"{verb} {ast.unparse(node)}, which may hold an imported module")
-            elif isinstance(root, ast.Name) and root.id in self.imported:
-                name = _dotted(node) or f"{ast.unparse(node)}"
-                subscript_ok = isinstance(node, ast.Subscript) and not re.search(
-                    r"\b(modules|__dict__|__builtins__)\b", ast.unparse(node)
-                )
-                if subscript_ok:  # plt.rcParams[...] = ..., os.environ[...] = ...
-                    return
-                # library code reads module attributes when it runs: any later check may
-                # call what was rebound, so every later test is reached
-                self.add(node, f"{verb} {self.resolve(name)}")
+        if not isinstance(node, (ast.Attribute, ast.Subscript)):
+            return
+        root, text = _root(node), ast.unparse(node)
+        if isinstance(node, ast.Attribute) and (
+            node.attr in LIARS | COMPARES or "__class__" in text
+        ):
+            return self.add(node, f"{verb} {text}, a protocol an answer can lie with")
+        if isinstance(root, ast.Name) and root.id == "type" and isinstance(node, ast.Attribute):
+            return self.add(node, f"{verb} {text}, a class reached through type()")
+        direct = isinstance(root, ast.Name) and root.id in self.imported and _dotted(node.value)
+        if direct:
+            name = self.resolve(_dotted(node) or _dotted(node.value) or text)
+            if SAFE_STORES.match(name):
+                return
+            if isinstance(node, ast.Subscript) and not re.search(
+                r"\b(modules|path|meta_path|path_hooks|__dict__|__builtins__)\b", text
+            ):
+                return  # plt.rcParams[...] = ..., os.environ[...] = ...
+            # library code reads module attributes when it runs: any later check may call
+            # what was rebound, so every later test is reached
+            return self.add(node, f"{verb} {name}")
+        if self.holds(node.value):
+            return self.add(node, f"{verb} {text}, which may hold an imported module")
+        if isinstance(root, ast.Name) and root.id in self.lesson:
+            # the lesson's own object changed: reaches the tests that read it (tamper.scan)
+            self.add(node, f"changes {text}, which the lesson made", frozenset({root.id}))
 
     def visit_Assign(self, node):
         for t in node.targets:
@@ -250,15 +303,23 @@ class CellScan(ast.NodeVisitor):
         if isinstance(func, ast.Attribute) and _is_ipython(func.value):
             return self.ipython(node, func.attr)
         if isinstance(func, ast.Name) and func.id in CALLS and func.id not in self.imported:
-            self.add(node, f"calls {func.id}()")
+            first = node.args[0] if node.args else None
+            if not (func.id == "setattr" and isinstance(first, ast.Name) and first.id in SELF):
+                self.add(node, f"calls {func.id}()")
             for part in [*node.args, *node.keywords]:
                 self.visit(part)
             return
-        dotted = _dotted(func)
+        self.getattr_call(node)
+        dotted = _dotted(func) or _getattr_dotted(func)
         if dotted:
             full = self.resolve(dotted)
-            if DOTTED.match(full):
+            parts = full.split(".")
+            tails = [".".join(parts[k:]) for k in range(len(parts)) if parts[k] in REACHED]
+            if any(DOTTED.match(t) for t in [full, *tails]):
                 self.add(node, f"calls {full}()")
+        if isinstance(func, ast.Attribute) and func.attr in MUTATORS and not _dotted(func.value):
+            if self.holds(func.value):  # getattr(np.testing, "__dict__").update(...)
+                self.add(node, f"calls {ast.unparse(func)}() on what may hold a module")
         if isinstance(func, ast.Name) and func.id in self.own:
             for arg in [*node.args, *(k.value for k in node.keywords)]:
                 if self.holds(arg):  # a module handed to one's own function, to rebind there
@@ -279,9 +340,12 @@ class CellScan(ast.NodeVisitor):
         args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
         if method in ("run_line_magic", "run_cell_magic") and args and args[0] in SAFE_MAGICS:
             for code in args[1:]:
-                tree = parse(code) if isinstance(code, str) and code.strip() else None
-                if tree is not None:
-                    self.visit(tree)
+                if not isinstance(code, str) or not code.strip():
+                    continue
+                tree = parse(code)
+                if tree is None:  # options, or code the scan cannot read: not trusted
+                    return self.add(node, f"runs %{args[0]} with {code[:40]!r}, unread")
+                self.visit(tree)
             return
         if method == "system":
             self.add(node, f"runs the shell command !{args[0] if args else ''}")
@@ -299,9 +363,19 @@ class CellScan(ast.NodeVisitor):
             self.add(node, f"reaches .{node.attr}")
         self.generic_visit(node)
 
+    def getattr_call(self, node) -> None:
+        """getattr(x, "__dict__") reaches what the scan cannot follow, as does getattr on a
+        module with a name computed at run time."""
+        func = node.func
+        if not (isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2):
+            return
+        name = node.args[1]
+        if isinstance(name, ast.Constant) and str(name.value).startswith("__"):
+            self.add(node, f"reaches .{name.value} through getattr()")
+        elif not isinstance(name, ast.Constant) and self.holds(node.args[0]):
+            self.add(node, f"calls getattr() on {ast.unparse(node.args[0])} with a computed name")
+
     def visit_FunctionDef(self, node):
-        if node.name in LIARS:
-            self.add(node, f"defines {node.name}, with which an answer can lie to a check")
         self.generic_visit(node)
         returns = [n.value for n in ast.walk(node) if isinstance(n, (ast.Return, ast.Yield))]
         if any(self.holds(r) for r in returns):
@@ -311,6 +385,23 @@ class CellScan(ast.NodeVisitor):
 
     def visit_ClassDef(self, node):
         self.generic_visit(node)
+        bases = {(_dotted(b) or "").split(".")[-1] for b in node.bases}
+        defined = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        defined |= {
+            t.id
+            for n in node.body
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        value = bool(bases & VALUES) or any(self.holds(b) for b in node.bases)
+        lies = defined & LIARS or (defined & COMPARES and value)
+        if lies or (defined & COMPARES and defined & LIARS):
+            what = ", ".join(sorted(defined & (LIARS | COMPARES)))
+            self.add(node, f"defines {what} in class {node.name}, an answer that can lie")
+        if bases & ENDS:
+            self.ends.add(node.name)
+            self.add(node, f"defines {node.name}, a kind of {sorted(bases & ENDS)[0]}", frozenset())
         held = [n.value for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
         if any(self.holds(v) for v in held) or any(self.holds(b) for b in node.bases):
             self.tainted.add(node.name)  # `class C: t = np.testing`, then C.t.x = ...
@@ -323,6 +414,6 @@ class CellScan(ast.NodeVisitor):
 
     def visit_Raise(self, node):
         exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-        if isinstance(exc, ast.Name) and exc.id in ENDS:
+        if isinstance(exc, ast.Name) and exc.id in ENDS | self.ends:
             self.add(node, f"raises {exc.id}", frozenset())
         self.generic_visit(node)

@@ -83,7 +83,21 @@ def _top_bindings(tree) -> dict[str, ast.AST]:
                     out.setdefault(a.asname or a.name.split(".")[0], sub)
             elif isinstance(sub, ast.ExceptHandler) and sub.name:
                 out.setdefault(sub.name, sub)
+            elif isinstance(sub, (ast.MatchAs, ast.MatchStar)) and sub.name:
+                out.setdefault(sub.name, sub)  # `case abs:` binds abs
+    for node in ast.walk(tree):  # a walrus binds in the enclosing scope, even in a comprehension
+        if isinstance(node, ast.NamedExpr) and not _in_function(tree, node):
+            out.setdefault(node.target.id, node)
     return out
+
+
+def _in_function(tree, target) -> bool:
+    """Whether `target` sits inside a function, lambda or class of `tree`."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            if any(n is target for n in ast.walk(node)):
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,8 @@ class Test:
 
     exercise: str
     index: int
-    reads: frozenset
+    reads: frozenset  # every name its cell reads and does not bind itself
+    asked: frozenset  # the names its prompt asks the student to define
 
 
 def tests_of(source, submitted=None) -> list[Test]:
@@ -118,8 +133,10 @@ def tests_of(source, submitted=None) -> list[Test]:
                 if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))
             }
             own |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}  # lambdas' too
-            reads = frozenset(loads - own - prompts.get(m.group(1), set()))
-            out.append(Test(m.group(1), place.get(grade_id(cell), i), reads))
+            asked = frozenset(prompts.get(m.group(1), set()))
+            out.append(
+                Test(m.group(1), place.get(grade_id(cell), i), frozenset(loads - own), asked)
+            )
     return out
 
 
@@ -152,55 +169,113 @@ def reach_of(name: str, calls: dict[str, set]) -> frozenset:
     return frozenset(seen)
 
 
-def scan(submitted, source) -> list[Finding]:
-    """What the solution cells of `submitted` (a student's notebook, its nbgrader cells in
-    the release's order) do that could change a check's verdict, read against the course's
-    `source` notebook (its lesson code, reference solutions and hidden tests)."""
+def _lesson_of(source):
+    """From the course's source notebook: its imports (name -> module), the names its lesson
+    code binds, each reference solution's top-level names, and its code cells' sources."""
     imported: dict[str, str] = {}
+    lesson: set[str] = set()
     reference: dict[str, set] = {}
+    sources: set[str] = set()
     for cell in source.cells:
         tree = parse(cell.source) if cell.cell_type == "code" else None
         if tree is None:
             continue
-        if (grade_id(cell) or "").endswith("-solution"):
-            reference[grade_id(cell)] = set(_top_bindings(tree))
+        sources.add(cell.source.strip())
+        gid = grade_id(cell) or ""
+        if gid.endswith("-solution"):  # what it binds, and the objects it changes (roots)
+            reference[gid] = set(_top_bindings(tree)) | _store_roots(tree)
+        else:
+            lesson |= set(_top_bindings(tree))
         imported.update(imports_of(tree))
-    lesson = dict(imported)
-    tests = tests_of(source, submitted)
-    trees = {}
+    return imported, lesson, reference, sources
+
+
+def _store_roots(tree) -> set[str]:
+    """The names whose objects a piece of code changes: roots of attribute and item stores."""
+    out = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            while isinstance(t, (ast.Attribute, ast.Subscript)):
+                t = t.value
+            if isinstance(t, ast.Name):
+                out.add(t.id)
+    return out
+
+
+def students_cells(submitted, sources: set[str], tests: list[Test]) -> dict:
+    """Index -> (exercise, tree) of every code cell the student's code runs in: the solution
+    cells, and any other code cell that is not the lesson's as released (added, or edited:
+    nbgrader puts back only the cells it tracks), counted against the first exercise whose
+    test runs after it. Cells no test runs after cannot change a verdict."""
+    out = {}
     for i, cell in enumerate(submitted.cells):
+        if cell.cell_type != "code":
+            continue
         m = EXERCISE_ID.match(grade_id(cell) or "")
-        if m and m.group(2) == "solution" and cell.cell_type == "code":
-            trees[i] = (m.group(1), parse(cell.source))
+        if m and m.group(2) == "solution":
+            out[i] = (m.group(1), parse(cell.source))
+        elif grade_id(cell) is None and cell.source.strip() not in sources:
+            owner = next((t.exercise for t in tests if t.index > i), None)
+            if owner is not None:
+                out[i] = (owner, parse(cell.source))
+    return out
+
+
+def scan(submitted, source) -> list[Finding]:
+    """What the student's code cells of `submitted` (a student's notebook, its nbgrader cells
+    in the release's order) do that could change a check's verdict, read against the course's
+    `source` notebook (its lesson code, reference solutions and hidden tests)."""
+    imported, lesson, reference, sources = _lesson_of(source)
+    tests = tests_of(source, submitted)
+    answers = set().union(*(t.asked for t in tests)) - lesson  # the names prompts ask for
+    cells = {i: c for i, c in students_cells(submitted, sources, tests).items() if c[1]}
     own = {
         name
-        for _, tree in trees.values()
-        if tree is not None
+        for _, tree in cells.values()
         for name, node in _top_bindings(tree).items()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
-    found, calls = [], callers(submitted)
-    for i, (exercise, tree) in trees.items():
-        if tree is None:  # a syntax error fails by itself
-            continue
-        visitor = CellScan(imported, own)
+    # two passes: what a later cell binds to a module is known when an earlier one is read
+    visitor = CellScan(imported, own, lesson=lesson - answers)
+    for _, tree in cells.values():
         visitor.visit(tree)
-        imported = visitor.imported
-        found += [Finding(exercise, i, line, what, reach) for line, what, reach in visitor.found]
+    tainted, found, calls = visitor.tainted, [], callers(submitted)
+    visitor = CellScan(imported, own, tainted, lesson - answers)
+    for i, (exercise, tree) in cells.items():
+        visitor.found = []
+        visitor.visit(tree)
         readers = [t for t in tests if t.index > i]
         mine = reference.get(f"{exercise}-solution", set())
+        for line, what, reach in visitor.found:
+            if what.startswith("changes ") and (
+                reach & mine  # the exercise asks for this object to be changed
+                or not any(reach_of(n, calls) & t.reads for n in reach for t in readers)
+            ):
+                continue  # or no later test reads it
+            found.append(Finding(exercise, i, line, what, reach))
+        mine = mine | answers
         for name, node in _top_bindings(tree).items():
             reach = reach_of(name, calls)
             by = [t.exercise for t in readers if reach & t.reads]
-            if not by or name in mine:
+            if not by or name in mine or _same_import(node, name, imported):
                 continue
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and name in lesson:
-                again = imports_of(ast.Module(body=[node], type_ignores=[]))
-                if again.get(name) == lesson[name]:
-                    continue  # `import numpy as np` again: the same module
             what = f"rebinds `{name}`, which the test of {by[0]} reads"
             found.append(Finding(exercise, i, node.lineno, what, reach))
     return found
+
+
+def _same_import(node, name: str, lesson_imports: dict) -> bool:
+    """Whether a binding is the lesson's own import again (`import numpy as np`; `from
+    tensorflow import keras` for `import keras`: the same last name)."""
+    if not isinstance(node, (ast.Import, ast.ImportFrom)) or name not in lesson_imports:
+        return False
+    again = imports_of(ast.Module(body=[node], type_ignores=[])).get(name, "")
+    return again.split(".")[-1] == lesson_imports[name].split(".")[-1]
 
 
 def zeroed(findings: list[Finding], submitted, source) -> dict[str, str]:
@@ -235,6 +310,7 @@ def flag_notes(findings: list[Finding], submitted, source) -> list[tuple[str, di
     out = []
     for f in findings:
         lost = zeroed([f], submitted, source)
-        note = f"{FLAG}{f.exercise} cell {f.cell} line {f.line}: {f.what}; scores 0: "
+        what = f.what.replace("\n", "\\n")  # one line each: flagged.csv reads them back
+        note = f"{FLAG}{f.exercise} cell {f.cell} line {f.line}: {what}; scores 0: "
         out.append((note + ", ".join(lost), lost))
     return out
