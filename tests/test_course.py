@@ -584,7 +584,7 @@ def test_a_canvas_download_is_collected_graded_and_exported_for_canvas(graded, t
         table = list(csv.reader(f))
     assert table[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", DOC2VEC, BOUNDS]
     assert table[1] == ["    Points Possible", "", "", "", "", "2", "4"]
-    assert {r[1]: r[5:] for r in table[2:]}["1301"] == ["0", "4"]  # ida: 02 only, in full
+    assert {r[1]: r[5:] for r in table[2:]}["1301"] == ["", "4"]  # ida: 02 only, in full
     assert grading_processes() == []
 
 

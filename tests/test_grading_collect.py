@@ -76,7 +76,7 @@ def test_a_canvas_download_lands_in_one_folder_per_student(tmp_path, roster):
     assert got.late == ["bob"] and got.unmapped == ["strangerx (9999)"]
     skipped = "\n".join(got.skipped)
     for member, why in [
-        ("lovelaceada_1201_5550_02_logreg_lr_schedules.ipynb", "an earlier attempt"),
+        ("lovelaceada_1201_5550_02_logreg_lr_schedules.ipynb", "an older upload"),
         ("lovelaceada_1201_5554_notes.pdf", "not a notebook"),
         ("../../evil_1201_5555_x.ipynb", "outside the zip, refused"),
         ("/abs_1201_5556_x.ipynb", "outside the zip, refused"),
@@ -155,3 +155,37 @@ def test_make_collect_names_a_file_that_is_not_a_zip(tmp_path, roster):
     )
     assert done.returncode == 2 and f"{bad} is not a zip file" in done.stderr, done.stderr
     assert not (tmp_path / "subs").exists()
+
+
+def test_canvas_names_with_underscores_and_a_file_uploaded_again(tmp_path, roster):
+    zipped = make_zip(
+        tmp_path / "again.zip",
+        {
+            "lovelace_ada_1201_7001_03_opt.ipynb": notebook("first upload"),
+            "lovelace_ada_1201_7002_03_opt-1.ipynb": notebook("uploaded again"),
+        },
+    )
+    got = collect(zipped, roster, tmp_path / "subs", say=lambda _: None)
+    assert got.files == {"ada": ["03_opt.ipynb"]}, got
+    assert "uploaded again" in (tmp_path / "subs" / "ada" / "03_opt.ipynb").read_text()
+
+
+def test_a_corrupt_member_is_named_and_nothing_is_collected(tmp_path, roster):
+    zipped = tmp_path / "bad.zip"
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_STORED) as zf:  # stored: its bytes as they are
+        zf.writestr("lovelaceada_1201_1_a.ipynb", notebook("x" * 5000))
+    data = bytearray(zipped.read_bytes())
+    start = data.index(b"lovelaceada_1201_1_a.ipynb") + 40  # inside the first member's data
+    data[start : start + 200] = bytes(200)
+    zipped.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="lovelaceada_1201_1_a.ipynb cannot be read"):
+        collect(zipped, roster, tmp_path / "subs", say=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.zip", "roster.csv"]
+
+
+def test_a_roster_id_that_is_not_a_folder_name_is_refused(tmp_path):
+    path = tmp_path / "roster.csv"
+    path.write_text("nbgrader_id,ID\n../eve,1205\n")
+    zipped = make_zip(tmp_path / "s.zip", {"eve_1205_1_a.ipynb": notebook("e")})
+    with pytest.raises(ValueError, match="'../eve' is not a folder name"):
+        collect(zipped, path, tmp_path / "subs", say=lambda _: None)

@@ -226,7 +226,9 @@ def test_make_grade_export_writes_canvas_s_file_through_nbgrader_export(course, 
     got = read_rows(course / "canvas.csv")
     assert got[0][:5] == read_rows(SAMPLES / "canvas_gradebook_sample.csv")[0][:5]
     assert got[0][5:] == ["02_logreg", "03_opt"] and got[1][5:] == ["5", "4"]
-    assert {r[1]: r[5:] for r in got[2:]}["1201"] == ["4.5", "4"]
+    by_id = {r[1]: r[5:] for r in got[2:]}
+    assert by_id["1201"] == ["4.5", "4"]
+    assert by_id["1202"] == ["0", ""] and by_id["1203"] == ["", ""]  # bob: no 03; eve: nothing
     assert "zoe" in done.stderr  # nbgrader logs on stderr: who was left out
 
 
@@ -238,3 +240,9 @@ def test_make_grade_export_refuses_a_roster_missing_a_student_and_names_it(cours
     assert not out.exists() and list(tmp_path.iterdir()) == [roster]
     done = make_export(course, "FORMAT=moodle")
     assert done.returncode == 2 and "make grade-export: name the roster" in done.stderr
+
+
+def test_a_student_the_lms_cannot_find_is_named(rows, tmp_path):
+    roster = [dict(r) for r in ROSTER]
+    roster[1]["ID"] = roster[1]["SIS User ID"] = roster[1]["SIS Login ID"] = ""
+    refused(rows, tmp_path, "canvas", write_csv(tmp_path / "r.csv", roster), "for bob: canvas")

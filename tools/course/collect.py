@@ -1,8 +1,10 @@
 """Submissions in: an LMS's submission download (one zip) into one folder per student, the
 layout `make grade` reads (SUBMISSIONS/<nbgrader id>/<notebook>.ipynb).
 
-- Canvas's "Download Submissions" names each file `<name>[_LATE]_<user id>_<submission id>_
-  <file name>`, the user id being Canvas's (the ID column of its gradebook and of the roster).
+- Canvas's "Download Submissions" names each file `<name>[_LATE]_<user id>_<attachment id>_
+  <file name>`, the user id being Canvas's (the ID column of its gradebook and of the roster),
+  the attachment id growing with each upload; a file uploaded again under the same name gets
+  `-1`, `-2` before its extension, which is taken off, so the newest upload wins.
 - Moodle's "Download all submissions" names each file, or the folder holding it,
   `<full name>_<participant id>_assignsubmission_file_[<file name>]`; the participant id is
   the assignment's own, not in any gradebook, so a student is found by full name (the roster's
@@ -37,7 +39,8 @@ from tools.course.lms import read_roster
 MAX_MEMBERS = 10_000  # entries in the zip
 MAX_FILE_BYTES = 64 * 2**20  # one notebook, inflated (a lesson with outputs: a few MB)
 MAX_TOTAL_BYTES = 2 * 2**30  # the whole download, inflated
-CANVAS = re.compile(r"^(?P<name>[^_/]+?)(?P<late>_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
+CANVAS = re.compile(r"^(?P<name>[^/]+?)(?P<late>_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
+AGAIN = re.compile(r"-\d+(?=\.ipynb$)", re.I)  # Canvas's mark of a file uploaded again
 MOODLE = re.compile(r"^(?P<name>[^/]+?)_(?P<user>\d+)_assignsubmission_[a-z]+_(?P<file>.*)$")
 SAFE = re.compile(r"[^A-Za-z0-9._ -]")
 
@@ -108,6 +111,16 @@ def _inflate(zf: zipfile.ZipFile, info: zipfile.ZipInfo, dest: Path, budget: lis
             out.write(chunk)
 
 
+def _open(zip_path: Path) -> zipfile.ZipFile:
+    """The zip, or a clear error if its directory cannot be read."""
+    try:
+        return zipfile.ZipFile(zip_path)
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise ValueError(
+            f"{zip_path} cannot be read as a zip ({exc}); nothing was collected"
+        ) from None
+
+
 def _choose(members, by_id: dict, by_name: dict, result: Collected) -> dict:
     """(nbgrader id, safe file name) -> the member to unpack there (the latest attempt); what
     is left out goes into `result` with why."""
@@ -137,16 +150,18 @@ def _choose(members, by_id: dict, by_name: dict, result: Collected) -> dict:
         if not filename.lower().endswith(".ipynb"):
             result.skipped.append(f"{info.filename}: not a notebook")
             continue
+        if lms == "canvas":
+            filename = AGAIN.sub("", filename)
         safe = SAFE.sub("_", PurePosixPath(filename).name).lstrip(".") or "notebook.ipynb"
         if late and ids[0] not in result.late:
             result.late.append(ids[0])
         attempt = int(CANVAS.match(path.name)["sub"]) if lms == "canvas" else 0
         key = (ids[0], safe)
         if key in chosen and chosen[key][0] >= attempt:
-            result.skipped.append(f"{info.filename}: an earlier attempt")
+            result.skipped.append(f"{info.filename}: an older upload")
             continue
         if key in chosen:
-            result.skipped.append(f"{chosen[key][1].filename}: an earlier attempt")
+            result.skipped.append(f"{chosen[key][1].filename}: an older upload")
         chosen[key] = (attempt, info)
     return {k: info for k, (_, info) in chosen.items()}
 
@@ -163,7 +178,8 @@ def collect(zip_path: Path, roster_path: Path, into: Path, say=print) -> Collect
     into.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{into.name}.collect.", dir=into.parent))
     try:
-        with zipfile.ZipFile(zip_path) as zf:
+        zf = _open(zip_path)
+        with zf:
             members = zf.infolist()
             if len(members) > MAX_MEMBERS:
                 raise ValueError(
@@ -174,7 +190,12 @@ def collect(zip_path: Path, roster_path: Path, into: Path, say=print) -> Collect
                 (staging / sid).mkdir(exist_ok=True)
                 target = staging / sid / safe
                 assert target.resolve().is_relative_to(staging.resolve()), target
-                _inflate(zf, info, target, budget)
+                try:
+                    _inflate(zf, info, target, budget)
+                except (zipfile.BadZipFile, RuntimeError, NotImplementedError, EOFError) as exc:
+                    raise ValueError(  # a corrupt, encrypted or oddly compressed member
+                        f"{zip_path}: {info.filename} cannot be read ({exc}); nothing was collected"
+                    ) from None
                 result.files.setdefault(sid, []).append(safe)
         for sid, names in result.files.items():  # the whole zip was read: move into place
             (into / sid).mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,20 @@ def _rows(plugin, gradebook) -> list[dict]:
     return exercise_rows(gradebook, students, assignments)
 
 
+def _handed_in(gradebook, rows: list[dict]) -> set[tuple[str, str]]:
+    """The (student, notebook) pairs of `rows` with a submission in the gradebook."""
+    from nbgrader.api import MissingEntry
+
+    out = set()
+    for student, notebook in {(r["student"], r["notebook"]) for r in rows}:
+        try:
+            gradebook.find_submission(notebook, student)
+            out.add((student, notebook))
+        except MissingEntry:
+            pass
+    return out
+
+
 class ExerciseCsvExport(ExportPlugin):
     """Points per student and exercise, from the gradebook, into grades.csv (or --to)."""
 
@@ -53,13 +67,15 @@ class LmsExport(ExportPlugin):
         try:
             if not self.roster:
                 raise ValueError("no roster: give --LmsExport.roster=roster.csv (ROSTER=...)")
+            rows = _rows(self, gradebook)
             export_lms(
                 self.lms_format,
-                _rows(self, gradebook),
+                rows,
                 self.roster,
                 dest,
                 columns_path=self.columns or None,
                 say=self.log.info,
+                submitted=_handed_in(gradebook, rows),
             )
         except (ValueError, FileNotFoundError) as exc:
             self.log.error("%s", exc)

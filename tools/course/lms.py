@@ -11,18 +11,20 @@ header: Canvas reads "Name (id)" as its assignment `id`, and a header without an
 assignment; Moodle maps each column to a grade item on its import page. By default the header
 is the notebook's name.
 
-One column per notebook holds the student's points for it, the sum of its exercises as
-grades.csv gives them (an exercise never graded scores 0). Canvas's file has its export's
-second row, "Points Possible". Every student of the gradebook must be in the roster: one that is
-not is an error naming it, and nothing is written. Roster students the gradebook does not know
-(nothing handed in, never graded) are left out, so their LMS cells stay as they are; the log
-names them. This is ours: nbgrader's export writes its own CSV only, and neither LMS's import
-format has a Python library.
+One column per notebook handed in by anyone holds the student's points for it, the sum of its
+exercises as grades.csv gives them; a notebook the student did not hand in is a blank cell,
+which both imports leave as it was (an excused mark, a lab not yet due). Canvas's file has
+its export's second row, "Points Possible". Every student of the gradebook must be in the
+roster, with an id the LMS finds them by: one that is not is an error naming it, and nothing
+is written. Roster students the gradebook does not know (never graded) are left out, so their
+LMS cells stay as they are; the log names them. This is ours: nbgrader's export writes its
+own CSV only, and neither LMS's import format has a Python library.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -34,7 +36,8 @@ CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 CANVAS_KEYS = ("ID", "SIS User ID", "SIS Login ID")  # what Canvas finds a student by
 MOODLE_KEYS = ("Email address", "Username", "ID number")
 MOODLE_COLUMNS = ["First name", "Last name", "ID number", "Username", "Email address"]  # its order
-POINTS_POSSIBLE = "    Points Possible"  # Canvas's export writes it so, indented
+POINTS_POSSIBLE = "    Points Possible"
+ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")  # Canvas's export writes it so, indented
 
 
 def _table(path: Path, what: str) -> tuple[list[str], list[dict]]:
@@ -73,6 +76,11 @@ def read_roster(path: Path, fmt: str) -> tuple[list[str], dict[str, dict]]:
         sid = row.get(KEY, "")
         if not sid:
             raise ValueError(f"the roster {path}, line {line}: no {KEY}")
+        if not ID.match(sid):  # it names a folder: collect writes into <into>/<nbgrader_id>/
+            raise ValueError(
+                f"the roster {path}, line {line}: {KEY} {sid!r} is not a folder name "
+                f"(letters, digits, '.', '_' and '-', not starting with '.')"
+            )
         if sid in students:
             raise ValueError(f"the roster {path}, line {line}: {KEY} {sid!r} appears twice")
         students[sid] = row
@@ -117,8 +125,13 @@ def _number(x: float) -> str:
     return f"{x:g}"
 
 
-def lms_table(fmt: str, rows: list[dict], roster: tuple, headers: dict) -> list[list[str]]:
-    """The file's rows (header first) in `fmt`, from grades.csv's rows and the roster."""
+def lms_table(
+    fmt: str, rows: list[dict], roster: tuple, headers: dict, submitted: set | None = None
+) -> list[list[str]]:
+    """The file's rows (header first) in `fmt`, from grades.csv's rows and the roster. With
+    `submitted` ((student, notebook) pairs handed in), a notebook nobody handed in has no
+    column, and a student's cell for a notebook they did not hand in is blank: the LMS keeps
+    what it has there (an excused mark, a grade entered by hand, a lab not yet due)."""
     columns, students = roster
     points, maximum = totals(rows)
     graded = sorted({r["student"] for r in rows})
@@ -128,7 +141,14 @@ def lms_table(fmt: str, rows: list[dict], roster: tuple, headers: dict) -> list[
             f"{len(missing)} graded student(s) missing from the roster: {', '.join(missing)}; "
             f"add a row for each ({KEY} and the LMS's id), nothing was written"
         )
-    notebooks = list(headers)
+    keys = {"canvas": CANVAS_KEYS, "moodle": MOODLE_KEYS}.get(fmt, ())
+    blank = [s for s in graded if keys and not any(students[s].get(k) for k in keys)]
+    if blank:
+        raise ValueError(
+            f"the roster gives no {' or '.join(keys)} for {', '.join(blank)}: {fmt} could not "
+            f"find them; nothing was written"
+        )
+    notebooks = [nb for nb in headers if submitted is None or any(n == nb for _, n in submitted)]
     if fmt == "canvas":
         identity = CANVAS_COLUMNS
     elif fmt == "moodle":
@@ -139,11 +159,13 @@ def lms_table(fmt: str, rows: list[dict], roster: tuple, headers: dict) -> list[
     if fmt == "canvas":
         table.append([POINTS_POSSIBLE] + [""] * 4 + [_number(maximum[nb]) for nb in notebooks])
     for sid in graded:
-        person = students[sid]
-        table.append(
-            [person.get(c, "") for c in identity]
-            + [_number(points.get((sid, nb), 0.0)) for nb in notebooks]
-        )
+        cells = [
+            _number(points.get((sid, nb), 0.0))
+            if submitted is None or (sid, nb) in submitted
+            else ""
+            for nb in notebooks
+        ]
+        table.append([students[sid].get(c, "") for c in identity] + cells)
     return table
 
 
@@ -153,11 +175,12 @@ def write_lms_csv(dest: Path, table: list[list[str]]) -> None:
         csv.writer(out).writerows(table)
 
 
-def export_lms(fmt, rows, roster_path, dest, columns_path=None, say=print) -> Path:
-    """Write `fmt`'s import file at dest from grades.csv's rows; say who was left out."""
+def export_lms(fmt, rows, roster_path, dest, columns_path=None, say=print, submitted=None) -> Path:
+    """Write `fmt`'s import file at dest from grades.csv's rows (and the pairs handed in, if
+    known: see lms_table); say who was left out."""
     roster = read_roster(Path(roster_path), fmt)
     notebooks = sorted({r["notebook"] for r in rows})
-    table = lms_table(fmt, rows, roster, read_columns(columns_path, notebooks))
+    table = lms_table(fmt, rows, roster, read_columns(columns_path, notebooks), submitted)
     write_lms_csv(dest, table)
     ungraded = sorted(set(roster[1]) - {r["student"] for r in rows})
     count = len(table) - (2 if fmt == "canvas" else 1)
