@@ -557,7 +557,7 @@ def test_a_canvas_download_is_collected_graded_and_exported_for_canvas(graded, t
             )
     lines: list[str] = []
     got = collect(tmp_path / "canvas.zip", roster, tmp_path / "subs", say=lines.append)
-    assert got.files == {"ida": [f"{BOUNDS}-1.ipynb"]} and got.late == ["ida"], lines
+    assert got.files == {"ida": [f"{BOUNDS}.ipynb"]} and got.late == ["ida"], lines  # -1 off
     assert got.unmapped == ["strangerx (1399)"], lines
     rows = grade.grade(tmp_path / "subs", where, quick=True, timeout=60, src=graded["src"])
     mine = {e: p for (s, e), p in points(rows).items() if s == "ida"}
