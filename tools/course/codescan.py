@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import re
 
 ANY = None  # a finding's reach when every later test may have been changed
@@ -124,6 +125,7 @@ def imports_of(tree) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)  # each cell is read by several passes: parse it once
 def parse(source: str):
     try:
         return ast.parse(python_of(source))

@@ -66,16 +66,17 @@ def _member_path(info: zipfile.ZipInfo) -> PurePosixPath | None:
     return path
 
 
-def _whose(path: PurePosixPath) -> tuple[str, str, str, bool, str] | None:
-    """(lms, name, id, late, file name) from a member's LMS naming, or None."""
+def _whose(path: PurePosixPath) -> tuple[str, str, str, bool, str, int] | None:
+    """(lms, name, id, late, file name, upload order) from a member's LMS naming, or None;
+    Moodle's download holds one upload a file, so its order is 0."""
     m = CANVAS.match(path.name)
     if m and len(path.parts) == 1:
-        return "canvas", m["name"], m["user"], bool(m["late"]), m["file"]
+        return "canvas", m["name"], m["user"], bool(m["late"]), m["file"], int(m["sub"])
     for i, part in enumerate(path.parts):  # Moodle: the file, or a folder above it
         m = MOODLE.match(part)
         if m:
             rest = m["file"] if i == len(path.parts) - 1 else path.name
-            return "moodle", m["name"], m["user"], False, rest
+            return "moodle", m["name"], m["user"], False, rest, 0
     return None
 
 
@@ -137,7 +138,7 @@ def _choose(members, by_id: dict, by_name: dict, result: Collected) -> dict:
         if who is None:
             result.skipped.append(f"{info.filename}: not in Canvas's or Moodle's naming")
             continue
-        lms, name, uid, late, filename = who
+        lms, name, uid, late, filename, attempt = who
         if lms == "canvas":
             ids = by_id.get(uid, [])
         else:
@@ -155,7 +156,6 @@ def _choose(members, by_id: dict, by_name: dict, result: Collected) -> dict:
         safe = SAFE.sub("_", PurePosixPath(filename).name).lstrip(".") or "notebook.ipynb"
         if late and ids[0] not in result.late:
             result.late.append(ids[0])
-        attempt = int(CANVAS.match(path.name)["sub"]) if lms == "canvas" else 0
         key = (ids[0], safe)
         if key in chosen and chosen[key][0] >= attempt:
             result.skipped.append(f"{info.filename}: an older upload")

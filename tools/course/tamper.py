@@ -283,10 +283,11 @@ def zeroed(findings: list[Finding], submitted, source) -> dict[str, str]:
     one whose test the finding may have changed (every later one, for a hook, an end of the
     run or code the scan cannot follow). Earlier exercises keep their points."""
     out: dict[str, str] = {}
+    tests = tests_of(source, submitted)
     for f in findings:
         where = f"cell {f.cell}, line {f.line}"
         out.setdefault(f.exercise, f"its solution {f.what} ({where})")
-        for t in tests_of(source, submitted):
+        for t in tests:
             if t.index <= f.cell or t.exercise == f.exercise:
                 continue
             if f.reach is ANY or f.reach & t.reads:
