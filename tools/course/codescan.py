@@ -10,6 +10,8 @@ import builtins
 import functools
 import re
 
+from tools.course.installed import installed, is_module
+
 ANY = None  # a finding's reach when every later test may have been changed
 CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "setattr"}
 CALLS |= {"delattr", "get_ipython", "exit", "quit", "breakpoint"}
@@ -41,6 +43,10 @@ ATTRS = {"__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "
 ATTRS |= {"__bases__", "__mro__", "__getattribute__", "__setattr__", "__delattr__", "f_back"}
 ATTRS |= {"f_globals", "f_locals", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "modules"}
 ATTRS |= {"excepthook", "displayhook", "stdout", "stderr", "stdin"}  # sys's, when assigned
+ATTRS |= {"__self__", "__objclass__", "__defaults__", "__kwdefaults__"}  # abs.__self__: builtins
+# calls that only look at a module handed to them; any other call may change it out of sight
+VIEWERS = {"print", "repr", "str", "dir", "help", "type", "id", "isinstance", "hasattr"}
+VIEWERS |= {"callable", "getattr", "sorted", "len"}
 ENDS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit", "BaseException"}
 PASSED = re.compile(r"\bexercise\s+\d+\s+passed\b", re.I)  # a test's own line
 SAFE_MAGICS = {"time", "timeit", "matplotlib", "capture"}
@@ -64,17 +70,6 @@ def _getattr_dotted(node) -> str | None:
         base = _dotted(node.args[0])
         return f"{base}.{node.args[1].value}" if base else None
     return None
-
-
-def installed(dotted: str) -> bool:
-    """Whether a module's top-level package is installed here (found, not imported): a module
-    a solution wrote itself and then imports runs code the scan never read."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(dotted.split(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def python_of(source: str) -> str:
@@ -139,6 +134,7 @@ class CellScan(ast.NodeVisitor):
 
     def __init__(self, imported: dict, own: set[str], tainted=(), lesson=()):
         self.imported, self.own = dict(imported), own
+        self.imports = set(imported)  # names bound by an import statement
         self.tainted: set[str] = set(tainted)  # names that may hold a module or a part of one
         self.lesson = set(lesson)  # names the lesson's own code binds (its objects, data)
         self.ends: set[str] = set()  # classes of its own that end the run (SystemExit's kind)
@@ -169,6 +165,23 @@ class CellScan(ast.NodeVisitor):
         if isinstance(node, ast.Lambda):
             return self.holds(node.body)
         return any(self.holds(c) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
+
+    def module_in(self, node) -> str | None:
+        """The module `node` is or holds in a literal (`math`, `np.testing`, `[math]`,
+        `{"m": math}`), reached from a name an import statement bound, as imported; else None.
+        (A module bound to a name by assignment is followed by the taint and, past that, by
+        the runtime check, tools/course/sentinel.py.)"""
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return next(filter(None, map(self.module_in, node.elts)), None)
+        if isinstance(node, ast.Dict):
+            return next(filter(None, map(self.module_in, node.values)), None)
+        if isinstance(node, ast.Starred):
+            return self.module_in(node.value)
+        chain = _dotted(node)
+        if chain is None or chain.split(".")[0] not in self.imports:
+            return None
+        full = self.resolve(chain)
+        return full if is_module(full) else None
 
     def taint(self, target, value) -> None:
         """Names in `target` bound from `value`: held modules are followed."""
@@ -231,6 +244,10 @@ class CellScan(ast.NodeVisitor):
             self.add(node, f"changes {text}, which the lesson made", frozenset({root.id}))
 
     def visit_Assign(self, node):
+        held = self.module_in(node.value)
+        for t in node.targets if held else []:
+            if isinstance(t, (ast.Attribute, ast.Subscript)):  # self.m = math: out of sight
+                self.add(node, f"stores the module {held} in {ast.unparse(t)}")
         for t in node.targets:
             self.target(t, "rebinds")
             self.taint(t, node.value)
@@ -289,6 +306,7 @@ class CellScan(ast.NodeVisitor):
             self.imported[a.asname or a.name.split(".")[0]] = (
                 a.name if a.asname else a.name.split(".")[0]
             )
+            self.imports.add(a.asname or a.name.split(".")[0])
 
     def visit_ImportFrom(self, node):
         module = node.module or ""
@@ -299,6 +317,7 @@ class CellScan(ast.NodeVisitor):
             elif node.level or not installed(module):
                 self.add(node, f"imports from {module or '.'}, which is not an installed module")
             self.imported[a.asname or a.name] = full
+            self.imports.add(a.asname or a.name)
 
     def visit_Call(self, node):
         func = node.func
@@ -322,6 +341,11 @@ class CellScan(ast.NodeVisitor):
         if isinstance(func, ast.Attribute) and func.attr in MUTATORS and not _dotted(func.value):
             if self.holds(func.value):  # getattr(np.testing, "__dict__").update(...)
                 self.add(node, f"calls {ast.unparse(func)}() on what may hold a module")
+        viewer = isinstance(func, ast.Name) and func.id in VIEWERS
+        for arg in [] if viewer else [*node.args, *(k.value for k in node.keywords)]:
+            held = self.module_in(arg)
+            if held and not (isinstance(func, ast.Name) and func.id in self.own):
+                self.add(node, f"hands the module {held} to {ast.unparse(func)}()")
         if isinstance(func, ast.Name) and func.id in self.own:
             for arg in [*node.args, *(k.value for k in node.keywords)]:
                 if self.holds(arg):  # a module handed to one's own function, to rebind there
@@ -411,6 +435,8 @@ class CellScan(ast.NodeVisitor):
     def visit_Name(self, node):
         if node.id == "__builtins__":
             self.add(node, "reaches __builtins__")
+        elif node.id.startswith("_labs_"):  # the grader's runtime check (sentinel.py)
+            self.add(node, f"reaches the grader's check {node.id}")
         elif node.id in CALLS and node.id not in self.imported and isinstance(node.ctx, ast.Load):
             self.add(node, f"uses {node.id}")  # `f = setattr`: called later under another name
 
