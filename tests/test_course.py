@@ -483,6 +483,10 @@ TAMPERED = {
     "abe": WRONG_YOUNG + "abs = lambda x: 0\nmin = lambda *a: float('inf')\n",  # builtins shadowed
     "bea": WRONG_YOUNG + "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.min = max\n",
     "cal": GAMED + "print('Exercise 2 passed.')\nimport os\nos._exit(0)\n",  # ends the kernel
+    # builtins reached through a module the scan cannot tell is one: the runtime check sees it
+    "fay": WRONG_YOUNG
+    + "import pydoc\n\n\ndef f(m):\n    m.abs = lambda x: 0\n    m.min = lambda *a: float('inf')\n"
+    + "\n\nlist(map(f, [pydoc.builtins]))\n",
 }
 
 
@@ -519,7 +523,7 @@ def test_tampering_scores_0_is_flagged_and_leaves_earlier_exercises_their_points
         assert (got[student, "nb06-ex2"], got[student, "nb07-ex2"]) == (2.0, 0.0), (student, lines)
     assert (got["dee", "nb06-ex2"], got["dee", "nb07-ex2"]) == (0.0, 2.0), lines
     with nbgrader_course.gradebook(where) as gb:  # the shadowed checks did pass in the kernel
-        for student in ("abe", "bea"):
+        for student in ("abe", "bea", "fay"):
             g = gb.find_grade("nb07-ex2-test", BOUNDS, BOUNDS, student)
             assert (g.auto_score, g.manual_score, g.score) == (2.0, 0.0, 0.0), student
     with open(where / "flagged.csv", newline="") as f:
@@ -529,6 +533,11 @@ def test_tampering_scores_0_is_flagged_and_leaves_earlier_exercises_their_points
     assert said[("bea", "rebinds builtins.abs")] == "nb07-ex2"
     assert said[("cal", "calls os._exit()")] == "nb07-ex2"
     assert said[("dee", "raises SystemExit")] == "nb06-ex2"
+    fay = [r for r in flagged if r["student"] == "fay"]  # the scan saw nothing: one finding
+    assert [(r["exercise"], r["line"], r["scores_0"]) for r in fay] == [
+        ("nb07-ex2", "", "nb07-ex2")
+    ]
+    assert "builtin `abs`, builtin `min`" in fay[0]["what"], fay
     assert any("tampering: nb07-ex2 cell" in line and "abe" not in line for line in lines)
     page = (where / "feedback" / "abe" / BOUNDS / f"{BOUNDS}.html").read_text()
     # the feedback page renders the comment as markdown: both findings, the names as code

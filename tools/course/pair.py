@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 
 from helpers.files import atomic_path
-from tools.course import sandbox, tamper
+from tools.course import sandbox, sentinel, tamper
 from tools.course.lessons import NEEDS
 from tools.course.merge import copy_submission, forget_submission, replace_files
 from tools.course.nbgrader_course import KILLED, gradebook_at, nbgrader, with_points, write_config
@@ -73,7 +73,8 @@ def autograde(
         index = int(trace.read_text())
         meta = nb.cells[index].get("metadata", {}).get("nbgrader", {})
         if not meta.get("solution"):
-            notes.append(f"the kernel died in cell {index}, which is not a solution cell")
+            where = sentinel.student_index(nb, index)
+            notes.append(f"the kernel died in cell {where}, which is not a solution cell")
             return status, log
         how = (
             f"it used more than the memory limit of {guard.limit_mb:,.0f} MB"
@@ -148,6 +149,7 @@ def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> Pa
     flagged = tamper.flag_notes(tamper.scan(nb, source), nb, source)
     target = work / "submitted" / student / a / f"{a}.ipynb"
     target.parent.mkdir(parents=True)
+    nb = sentinel.guarded(nb, source)  # the runtime check's cells, taken out after grading
     nbformat.write(nb, str(target))
     # Its own runs/ folder: what it reads from earlier lessons comes from the course's
     # reference runs, not from this student's other notebooks.
@@ -190,11 +192,25 @@ def grade_pair(st: Settings, student: str, a: str, path: Path, release_nb) -> Pa
             + (f" ({last[0].strip()[:160]})" if last else "")
         )
         return PairRun(work, False, notes + [note for note, _ in flagged])
+    flagged += seen_running(here / f"{a}.ipynb", source, flagged)
     notes += cell_errors(here / f"{a}.ipynb")
     if flagged:
         zero_tampered(work, a, student, flagged)
         notes += [note for note, _ in flagged]
     return PairRun(work, True, notes)
+
+
+def seen_running(autograded: Path, source, flagged: list[tuple[str, dict]]):
+    """The runtime check's findings (tools/course/sentinel.py) as report notes, with the
+    grader's cells taken out of the autograded notebook; a finding is left out when the scan's
+    findings (`flagged`) already cost every exercise it costs."""
+    lost = {exercise for _, costs in flagged for exercise in costs}
+    found, submitted = sentinel.verdicts(autograded, source)
+    return [
+        (note, costs)
+        for note, costs in tamper.flag_notes(found, submitted, source)
+        if not set(costs) <= lost
+    ]
 
 
 def zero_tampered(work: Path, a: str, student: str, flagged: list[tuple[str, dict]]) -> None:

@@ -25,7 +25,9 @@ an end of the run, or code the scan cannot follow costs every later exercise.
 
 Why a static scan: it sees the student's code before it runs, costs milliseconds, and its
 verdict does not come from the student's kernel, which the student's code controls. Its
-limit is code it cannot follow, and that is flagged rather than trusted. A re-check of each
+limit is code it cannot follow, and that is flagged rather than trusted; a path it does not
+see at all (a module it cannot tell is one, handed to `map()`) is left to the runtime check
+beside it (tools/course/sentinel.py), which sees what changed instead. A re-check of each
 test in a fresh process would need every value the tests read serialised, most of them
 TensorFlow models, runs and clusters. nbgrader and otter-grader have no such check: this is ours.
 """
@@ -285,7 +287,7 @@ def zeroed(findings: list[Finding], submitted, source) -> dict[str, str]:
     out: dict[str, str] = {}
     tests = tests_of(source, submitted)
     for f in findings:
-        where = f"cell {f.cell}, line {f.line}"
+        where = f"cell {f.cell}, line {f.line}" if f.line else f"cell {f.cell}"
         out.setdefault(f.exercise, f"its solution {f.what} ({where})")
         for t in tests:
             if t.index <= f.cell or t.exercise == f.exercise:
@@ -300,7 +302,7 @@ def zeroed(findings: list[Finding], submitted, source) -> dict[str, str]:
 
 FLAG = "tampering: "  # how a note about a finding starts (report.txt, report.json)
 FLAG_NOTE = re.compile(
-    r"^tampering: (?P<exercise>\S+) cell (?P<cell>\d+) line (?P<line>\d+): (?P<what>.*); "
+    r"^tampering: (?P<exercise>\S+) cell (?P<cell>\d+)(?: line (?P<line>\d+))?: (?P<what>.*); "
     r"scores 0: (?P<zeroed>.*)$"
 )
 
@@ -312,6 +314,7 @@ def flag_notes(findings: list[Finding], submitted, source) -> list[tuple[str, di
     for f in findings:
         lost = zeroed([f], submitted, source)
         what = f.what.replace("\n", "\\n")  # one line each: flagged.csv reads them back
-        note = f"{FLAG}{f.exercise} cell {f.cell} line {f.line}: {what}; scores 0: "
+        line = f" line {f.line}" if f.line else ""  # 0: seen when it ran (sentinel.py)
+        note = f"{FLAG}{f.exercise} cell {f.cell}{line}: {what}; scores 0: "
         out.append((note + ", ".join(lost), lost))
     return out
