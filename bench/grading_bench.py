@@ -74,10 +74,11 @@ def timed_grading(
         subs, course, quick=quick, timeout=900, src=src, say=lambda _: None, jobs=jobs
     )
     wall = time.perf_counter() - t0
+    handed = {p.stem for p in next(subs.iterdir()).iterdir()}  # grades.csv has every lesson
     short = [
         f"{r['student']} {r['exercise']}: {r['points']}/{r['max_points']}"
         for r in rows
-        if r["points"] != r["max_points"]
+        if r["points"] != r["max_points"] and r["notebook"] in handed
     ]
     if short:  # reference solutions: anything less means the grading itself went wrong
         raise SystemExit(
