@@ -211,6 +211,23 @@ ATTACKS = {
         "rebinds numpy.testing.assert_allclose",
         {"nb02-ex2", "nb02-ex3"},
     ),
+    "abs.__self__.abs = lambda x: 0": ("reaches .__self__", {"nb02-ex2", "nb02-ex3"}),  # builtins
+    "import typing\ntyping.cast(object, np.testing).assert_allclose = print": (
+        "hands the module numpy.testing to typing.cast()",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "def off(m):\n    m.assert_allclose = print\n\n\nlist(map(off, [np.testing]))": (
+        "hands the module numpy.testing to map()",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "class Box:\n    pass\n\n\nbox = Box()\nbox.m = np.testing\nbox.m.assert_allclose = print": (
+        "stores the module numpy.testing in box.m",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
+    "np.testing.assert_allclose.__defaults__ = (1e9,)": (
+        "reaches .__defaults__",
+        {"nb02-ex2", "nb02-ex3"},
+    ),
 }
 
 
