@@ -5,6 +5,9 @@ Part 1 trains async on one worker + PS (logistic regression and LeNet) and split
 step, from its event log, into the step function (pull, gradient, push: one tf.function) and
 the Python loop around it. (In async the workers apply their own gradients on the PS inside
 the step function, so the PS's loop is off the step's path: it only numbers the updates.)
+Each engine run alternates with one process's plain SGD on the same model and data, three
+rounds (two with --quick): the engine's ratio to one process is the median of the rounds'
+ratios, so that both figures see the machine's drift alike.
 Part 2 starts one TF server (the PS) and times, from this process, a local empty call and one
 remote read of a scalar; then, for each model, the local gradient, a remote read of the
 parameters, one call that pulls, computes and applies on the PS (the shape of the engine's async
@@ -40,31 +43,41 @@ def ms(values) -> float:
     return 1000 * statistics.median(values)
 
 
-def engine_steps(steps: dict) -> dict:
+def engine_steps(steps: dict, rounds: int = 3) -> dict:
     """Per model: median ms of a worker step (interval between steps), of its step function
-    (compute_s: pull + gradient + apply on the PS), and of the loop around it."""
+    (compute_s: pull + gradient + apply on the PS), and of the loop around it; and one
+    process's step, timed in the same rounds, alternating with the engine's runs, so that
+    both see the machine alike (of_one_process: the median of the rounds' ratios)."""
     out = {}
     with LocalCluster(workers=1, isolate="auto") as c:
         for model, n in steps.items():
-            run = c.train(
-                mode="async",
-                model=model,
-                steps=n,
-                lr=LR[model],
-                batch_size=BATCH,
-                train_size=TRAIN_SIZE,
-                test_size=500,
-                progress=False,
-                seed=0,
-            )
-            ev = run.events
-            st = ev[ev.kind == "step"].sort_values("t").iloc[10:]  # after the first steps
-            interval = st.t.diff().dropna()
+            rows = []
+            for _ in range(rounds):
+                one_ms = 1000 / one_process(model, n)
+                run = c.train(
+                    mode="async",
+                    model=model,
+                    steps=n,
+                    lr=LR[model],
+                    batch_size=BATCH,
+                    train_size=TRAIN_SIZE,
+                    test_size=500,
+                    progress=False,
+                    seed=0,
+                )
+                ev = run.events
+                st = ev[ev.kind == "step"].sort_values("t").iloc[10:]  # after the first steps
+                interval = st.t.diff().dropna()
+                rows.append((one_ms, ms(interval), ms(st.compute_s), run.summary()["steps_per_s"]))
+            one, step, function, rate = (statistics.median(r[k] for r in rows) for k in range(4))
             out[model] = {
-                "step_ms": ms(interval),
-                "step_function_ms": ms(st.compute_s),
-                "loop_ms": ms(interval) - ms(st.compute_s),
-                "steps_per_s": run.summary()["steps_per_s"],
+                "step_ms": step,
+                "step_function_ms": function,
+                "loop_ms": step - function,
+                "steps_per_s": rate,
+                "one_process_step_ms": one,
+                "of_one_process": statistics.median(r[0] / r[1] for r in rows),
+                "rounds": rounds,
             }
     return out
 
@@ -239,9 +252,10 @@ def main() -> None:
         return
     steps = {"logreg": 200, "lenet": 60} if args.quick else {"logreg": 800, "lenet": 200}
     out = {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg()}
-    base = {m: one_process(m, n) for m, n in steps.items()}
-    out["one_process_step_ms"] = {m: 1000 / v for m, v in base.items()}
-    out["engine_async_1w"] = engine_steps(steps)
+    out["engine_async_1w"] = engine_steps(steps, 2 if args.quick else 3)
+    out["one_process_step_ms"] = {
+        m: e["one_process_step_ms"] for m, e in out["engine_async_1w"].items()
+    }
     out["remote_costs"] = remote_costs(100 if args.quick else 400)
     out["load_average_end"] = os.getloadavg()
     files.write_json(config.runs_dir("bench") / "step_profile.json", out, indent=1)
@@ -264,9 +278,12 @@ def main() -> None:
         if name.endswith("_ms"):
             print(f"| {name} | {value:.2f} |")
     for model, prefix in (("logreg", ""), ("lenet", "lenet_")):
+        ceiling = out["remote_costs"][prefix + "staleness_free_ceiling"]
+        of_one = out["engine_async_1w"][model]["of_one_process"]
         print(
             f"\nceiling of async_1w_{model}_vs_one_process for a staleness-free step: "
-            f"{out['remote_costs'][prefix + 'staleness_free_ceiling']:.2f}"
+            f"{ceiling:.2f}; the engine, timed alternating with one process: {of_one:.2f} of "
+            f"one process, {of_one / ceiling:.2f} of the ceiling"
         )
     print("\nload average at start and end:", out["load_average_start"], out["load_average_end"])
 
