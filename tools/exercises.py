@@ -22,7 +22,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from tools.course.lessons import EXERCISE_ID
-from tools.notebooks import grade_id, read
+from tools.notebooks import grade_id, parse_code, read
 
 SOLUTION = re.compile(
     r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION[^\n]*$", re.S | re.M
@@ -105,13 +105,13 @@ class _Bindings(ast.NodeVisitor):
 def module_bindings(code: str) -> set[str]:
     """Names `code` binds at module level."""
     visitor = _Bindings()
-    visitor.visit(ast.parse(code))
+    visitor.visit(parse_code(code))
     return visitor.names
 
 
 def reads_and_binds(code: str) -> tuple[set[str], set[str]]:
     """(names read, names bound at any depth) of `code`, function arguments included."""
-    tree = ast.parse(code)
+    tree = parse_code(code)
     read_, bound = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

@@ -11,6 +11,7 @@ import functools
 import re
 
 from tools.course.installed import installed, is_module
+from tools.notebooks import parse_code
 
 ANY = None  # a finding's reach when every later test may have been changed
 CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "setattr"}
@@ -123,7 +124,7 @@ def imports_of(tree) -> dict[str, str]:
 @functools.lru_cache(maxsize=1024)  # each cell is read by several passes: parse it once
 def parse(source: str):
     try:
-        return ast.parse(python_of(source))
+        return parse_code(python_of(source))
     except (SyntaxError, ValueError):  # it fails on its own; nothing to follow
         return None
 
