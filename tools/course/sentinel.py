@@ -155,14 +155,13 @@ def _reach(keys: list[str], calls: dict) -> frozenset | None:
     return frozenset().union(*(tamper.reach_of(r, calls) for r in roots))
 
 
-def _blame(submitted, students: dict, start: int, end: int, label: str):
+def _blame(students: dict, start: int, end: int, label: str):
     """(exercise, cell) to blame for a change first seen at the check `label`, among the
-    student's cells from `start` to `end` (their indices in `submitted`)."""
+    student's cells from `start` to `end` (their indices in the student's notebook)."""
     when, _, test = label.partition(" ")
     owner = test.rsplit("-", 1)[0]
-    if when == "after":
-        index = next(i for i, c in enumerate(submitted.cells) if grade_id(c) == test)
-        return owner, index, "while its test ran"
+    if when == "after":  # the check right after the test cell: the cell before it
+        return owner, end - 1, "while its test ran"
     mine = [i for i in sorted(students) if start <= i < end]
     if mine:
         return students[mine[0]][0], mine[0], f"before the test of {owner}"
@@ -183,15 +182,15 @@ def verdicts(autograded: Path, source):
     sources = {c.source.strip() for c in source.cells if c.cell_type == "code"}
     students = tamper.students_cells(submitted, sources, tests)
     calls = tamper.callers(submitted)
-    found, seen, start = [], set(), 0
-    for i, cell in enumerate(nb.cells):
+    found, seen, start, here = [], set(), 0, 0
+    for cell in nb.cells:
         label = _role(cell)
         if not label:
+            here += 1  # the student's cells so far: this check's place in their notebook
             continue
-        here = student_index(nb, i)
         report = _report(cell, label)
         if report is None:
-            exercise, index, when = _blame(submitted, students, start, here, label)
+            exercise, index, when = _blame(students, start, here, label)
             if label == "lock":
                 exercise = next((t.exercise for t in tests if t.index >= here), None)
             if exercise is not None:
@@ -201,7 +200,7 @@ def verdicts(autograded: Path, source):
         new = [k for k in report.get("changed", []) if k not in seen]
         if new:
             seen.update(new)
-            exercise, index, when = _blame(submitted, students, start, here, label)
+            exercise, index, when = _blame(students, start, here, label)
             names = ", ".join(_spelled(k) for k in new[:5])
             more = f" and {len(new) - 5} more" if len(new) > 5 else ""
             what = f"changed {names}{more} {when} (seen by the grader's check)"
