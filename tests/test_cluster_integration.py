@@ -603,6 +603,7 @@ ORPHAN_SCRIPT = textwrap.dedent("""
     from helpers.cluster import LocalCluster
     c = LocalCluster(workers=1, isolate="auto", ps=int(sys.argv[2])).start()
     pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
+    pids += [c.nodes.server.pid] if c.nodes.server else []  # the fork server (Linux)
     print(json.dumps(pids), flush=True)
     if sys.argv[1] == "mid-run":  # train until killed: the nodes never look at stdin
         c.train(mode="async", steps=10**6, train_size=6000, test_size=2000, progress=False,
@@ -611,9 +612,10 @@ ORPHAN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _launcher_script(script: str, args: list[str], runs_dir, pdeathsig: str):
-    """A parent process running `script` (a LocalCluster's launcher), its runs in `runs_dir`."""
-    env = dict(os.environ, LABS_RUNS_DIR=str(runs_dir), LABS_PDEATHSIG=pdeathsig)
+def _launcher_script(script: str, args: list[str], runs_dir, pdeathsig: str, fork: str = "1"):
+    """A parent process running `script` (a LocalCluster's launcher), its runs in `runs_dir`;
+    fork="0": its nodes are spawned one by one, not forked from a fork server."""
+    env = dict(os.environ, LABS_RUNS_DIR=str(runs_dir), LABS_PDEATHSIG=pdeathsig, LABS_FORK=fork)
     return subprocess.Popen(
         [sys.executable, "-c", script, *args],
         stdin=subprocess.PIPE,
@@ -638,13 +640,14 @@ def _updates_so_far(run_dir) -> int:
 
 
 @pytest.mark.parametrize(
-    "when, pdeathsig, ps",
+    "when, pdeathsig, ps, fork",
     [
-        ("idle", "0", 1),
-        ("mid-run", "0", 1),
-        ("idle", "1", 1),
-        ("mid-run", "1", 1),
-        ("mid-run", "0", 2),
+        ("idle", "0", 1, "1"),
+        ("mid-run", "0", 1, "1"),
+        ("idle", "1", 1, "1"),
+        ("mid-run", "1", 1, "1"),
+        ("mid-run", "0", 2, "1"),
+        ("mid-run", "0", 1, "0"),
     ],
     ids=[
         "idle-lifeline-only",
@@ -652,12 +655,16 @@ def _updates_so_far(run_dir) -> int:
         "idle-with-prctl",
         "mid-run-with-prctl",
         "mid-run-lifeline-only-2ps",
+        "mid-run-lifeline-only-spawned",
     ],
 )
-def test_no_survivors_when_the_launcher_is_sigkilled(shared_data, tmp_path, when, pdeathsig, ps):
+def test_no_survivors_when_the_launcher_is_sigkilled(
+    shared_data, tmp_path, when, pdeathsig, ps, fork
+):
     """LABS_PDEATHSIG=0 leaves only the portable lifeline (as on macOS): 0 survivors, idle and
-    in the middle of a run; with Linux's prctl as well, the same; and with two PS tasks."""
-    parent = _launcher_script(ORPHAN_SCRIPT, [when, str(ps)], tmp_path, pdeathsig)
+    in the middle of a run; with Linux's prctl as well, the same; and with two PS tasks. The
+    nodes are forked from a fork server, and (LABS_FORK=0, as on macOS) spawned one by one."""
+    parent = _launcher_script(ORPHAN_SCRIPT, [when, str(ps)], tmp_path, pdeathsig, fork)
     pids = []
     try:
         pids = _first_report(parent)
@@ -684,6 +691,7 @@ HUNG_SCRIPT = textwrap.dedent("""
     c = LocalCluster(workers=1, isolate="auto", stall_timeout=600, ps=1 + (hung == "ps:1"))
     c.start()
     pids = list(c.pids.values()) + ([c.network.pid] if c.isolated else [])
+    pids += [c.nodes.server.pid] if c.nodes.server else []  # the fork server (Linux)
     print(json.dumps({"pids": pids, "hung": c.pids[hung]}), flush=True)
     fault = {"ps:0": "ps", "ps:1": "ps:1", "worker:0": 0}[hung]
     c.train(mode="async", steps=10**6, train_size=6000, test_size=2000, progress=False,
@@ -699,20 +707,29 @@ def _stopped(pid) -> bool:
 
 
 @pytest.mark.parametrize(
-    "hung, pdeathsig",
-    [("ps:0", "0"), ("ps:0", "1"), ("worker:0", "0"), ("worker:0", "1"), ("ps:1", "0")],
+    "hung, pdeathsig, fork",
+    [
+        ("ps:0", "0", "1"),
+        ("ps:0", "1", "1"),
+        ("worker:0", "0", "1"),
+        ("worker:0", "1", "1"),
+        ("ps:1", "0", "1"),
+        ("worker:0", "0", "0"),
+    ],
     ids=[
         "ps-lifeline-only",
         "ps-with-prctl",
         "worker-lifeline-only",
         "worker-with-prctl",
         "second-ps-lifeline-only",
+        "worker-lifeline-only-spawned",
     ],
 )
-def test_a_hung_node_goes_with_its_sigkilled_launcher(shared_data, tmp_path, hung, pdeathsig):
+def test_a_hung_node_goes_with_its_sigkilled_launcher(shared_data, tmp_path, hung, pdeathsig, fork):
     """A node stopped by the hang fault runs neither its lifeline watcher nor a SIGTERM: it
-    still ends within 10 s of its launcher's SIGKILL, with prctl and with the lifeline alone."""
-    parent = _launcher_script(HUNG_SCRIPT, [hung], tmp_path, pdeathsig)
+    still ends within 10 s of its launcher's SIGKILL, with prctl and with the lifeline alone,
+    forked from a fork server or (LABS_FORK=0) spawned."""
+    parent = _launcher_script(HUNG_SCRIPT, [hung], tmp_path, pdeathsig, fork)
     pids = []
     try:
         started = _first_report(parent)

@@ -14,9 +14,19 @@ from pathlib import Path
 
 from helpers.cluster import protocol
 from helpers.cluster.placement import Hosts, Local
-from helpers.system import clock
+from helpers.system import clock, forkserver
 from helpers.system.control import Cmd, command
 from helpers.system.processes import ChildProcess
+
+# what a node imports as it trains, besides TensorFlow and Keras: its fork server imports them
+PRELOAD = (
+    "helpers.cluster.wire",
+    "helpers.cluster.ps",
+    "helpers.cluster.worker",
+    "helpers.cluster.evaluator",
+    "helpers.training.models",
+    "helpers.data.arrays",
+)
 
 
 class Nodes:
@@ -50,6 +60,7 @@ class Nodes:
         self.heard: dict[str, float] = {}  # remote process -> when it last answered
         self._stop = threading.Event()
         self.tmp: Path | None = None  # TMPDIR of the processes on this machine
+        self.server: forkserver.ForkServer | None = None  # forks them, on Linux
 
     def spec(self, jobs, folder: Path, local_ps_ports) -> dict[str, list[str]]:
         """The engine's cluster file: the PS tasks' addresses on this machine
@@ -85,9 +96,18 @@ class Nodes:
             # exit: a node ended by a signal would leave them in the machine's temp folder
             self.tmp = Path(folder) / "tmp"
             self.tmp.mkdir(exist_ok=True)
-            pid = ["--parent-pid", str(os.getpid())]
+            envs = {n: dict(e, TMPDIR=str(self.tmp)) for n, e in envs.items()}
+            if forkserver.enabled():  # TensorFlow imported once, each process forked
+                prefix, module, _ = forkserver.ForkServer.module_of(next(iter(argv.values())))
+                self.server = forkserver.ForkServer(
+                    prefix,
+                    dict(env, TMPDIR=str(self.tmp)),
+                    Path(folder) / "fork-server.log",
+                    (module, *PRELOAD),
+                )
+            parent = ["--parent-pid", str(self.server.pid if self.server else os.getpid())]
             return {
-                n: ChildProcess(n, c + pid, dict(envs[n], TMPDIR=str(self.tmp)), logs[n], inbox)
+                n: ChildProcess(n, c + parent, envs[n], logs[n], inbox, self.server)
                 for n, c in argv.items()
             }
         self.clocks = {n: clock.OffsetEstimate() for n in argv}
@@ -111,8 +131,12 @@ class Nodes:
                     pass
 
     def stop(self) -> None:
-        """Stop pinging; once the processes have ended, remove their temporary files."""
+        """Stop pinging; once the processes have ended, end their fork server and remove
+        their temporary files."""
         self._stop.set()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -15,7 +15,8 @@ report on stdout and be ended by PID. This module is that plumbing, in one place
   use; it honours a port server through PORTSERVER_ADDRESS). A cluster in a private network
   namespace needs none of it: every port is free there.
 - `ChildProcess`: one child with its log file and a thread that turns its stdout's JSON lines
-  into messages; `wait_for_results` collects the {"event": "done"} messages of several.
+  into messages, spawned or forked from a fork server (`forkserver.py`); `wait_for_results`
+  collects the {"event": "done"} messages of several.
 - `hang`: stop a process (the hang fault) so that it still ends with its parent: a stopped
   process runs no watchdog thread, so a small guard process outside it holds the lifeline.
 - `messages`: the one loop through which a parent reads its children's messages.
@@ -49,7 +50,7 @@ LIFELINE_ENV = "LABS_LIFELINE"  # "<fd>:<parent pid>", set by spawn for the chil
 PDEATHSIG_ENV = "LABS_PDEATHSIG"  # 0: leave Linux's parent-death signal out (tests, macOS-like)
 
 
-def _set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     """Send `sig` to this process when its parent dies; False where the OS has no such call
     (anything but Linux), or where LABS_PDEATHSIG=0 turns it off."""
     if not config.env_flag(PDEATHSIG_ENV, True):
@@ -65,11 +66,19 @@ def child_setup() -> None:
     """`preexec_fn` for Popen: the child is SIGTERMed when its parent dies (Linux only; the
     lifeline of `spawn` does the same everywhere). It runs in the child between fork and exec.
     """
-    _set_parent_death_signal()
+    set_parent_death_signal()
 
 
 _lifeline: tuple[int, int, int] | None = None  # (read fd, write fd, pid that made them)
 _watched_fd: int | None = None  # the read end of the lifeline this process watches (its parent's)
+# PIDs of this process's fork servers (helpers.system.forkserver): their children are this
+# process's as far as `hang` is concerned
+FORK_SERVERS: set[int] = set()
+
+
+def watched_lifeline() -> int | None:
+    """The read end of the lifeline this process watches (its parent's), if it watches one."""
+    return _watched_fd
 
 
 def _lifeline_fd() -> int:
@@ -160,7 +169,7 @@ def die_with_parent(parent_pid: int | None, sig: int = signal.SIGKILL) -> None:
     `parent_pid` catches a parent that died before this call.
     """
     watch_lifeline()
-    _set_parent_death_signal(sig)
+    set_parent_death_signal(sig)
     if parent_pid and os.getppid() != parent_pid:
         os._exit(1)
 
@@ -198,16 +207,18 @@ def hang(pid: int) -> None:
     nothing, until it is continued or killed.
 
     A stopped process runs neither its lifeline watcher nor a pending SIGTERM, so when `pid`
-    is a child of this process, or of this process's parent (a node stopping itself or a
-    sibling), a guard process is started first: it holds the lifeline that ends with `pid`'s
-    parent and SIGKILLs `pid`'s process group when that parent dies, on any POSIX system; it
-    exits by itself once `pid` has ended. Any other `pid` is only stopped: no lifeline here
-    ends with its parent.
+    is a child of this process (or of a fork server of this process), or of this process's
+    parent (a node stopping itself or a sibling), a guard process is started first: it holds
+    the lifeline that ends with `pid`'s parent and SIGKILLs `pid`'s process group when that
+    parent dies, on any POSIX system; it exits by itself once `pid` has ended. Any other `pid`
+    is only stopped: no lifeline here ends with its parent.
     """
     import psutil
 
     _guards[:] = [g for g in _guards if g.poll() is None]  # reap the guards that have exited
     parent = psutil.Process(pid).ppid()
+    if parent in FORK_SERVERS:  # forked for this process: its child in all but name
+        parent = os.getpid()
     fd = _lifeline_fd() if parent == os.getpid() else _watched_fd
     if fd is not None and (parent == os.getpid() or parent == os.getppid()):
         cmd = [sys.executable, "-I", "-S", "-c", _GUARD, str(fd), str(pid)]
@@ -314,15 +325,22 @@ class ChildProcess:
 
     Its stderr goes to `log_path`; each JSON line it prints on stdout is put on `inbox` as
     (name, message), and {"event": "eof"} when its stdout closes. `send` writes a JSON line
-    to its stdin.
+    to its stdin. With `server` (a ForkServer), `cmd` (`python -m module ...`) is forked from
+    it rather than started anew.
     """
 
-    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, inbox: queue.Queue):
+    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, inbox, server=None):
         self.name, self.log_path = name, Path(log_path)
         self.eof_at: float | None = None
         self.log = open(log_path, "wb")
         self._send_lock = threading.Lock()  # a pinger thread writes too
-        self.popen = spawn(cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        if server is not None:  # forked from a fork server (helpers.system.forkserver)
+            _, module, args = server.module_of(cmd)
+            self.popen = server.fork(module, args, env, self.log)
+        else:
+            self.popen = spawn(
+                cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log
+            )
         self.pid = self.popen.pid
         self.thread = threading.Thread(target=self._read, args=(inbox,), daemon=True)
         self.thread.start()
