@@ -1,15 +1,17 @@
 """Every exercise of the real lessons, graded through nbgrader: second answers get full points,
 wrong answers get 0 for exactly their exercise, and each notebook is graded on its own.
 
-Two students hand in every lesson, answered from tests/exercise_answers.py: `odd` gives
+Two students hand in the lessons, answered from tests/exercise_answers.py: `odd` gives
 the wrong answer to exercises 1, 3, ... and the second answer to 2, 4, ...; `even` the other
 way round. So every second answer and every wrong answer is graded once, each next to
-exercises of the other kind. A third student, `late`, hands in notebook 02 alone, renamed,
-with second answers: 02 reads notebook 01's features, which come from the course's reference
-run, not from the student's own 01 (late has none), so it gets full points; a later grading
-asking for that reference run again gets it without running 01. All three are graded in one
-run, two pairs at once. Quick mode; points are read back from nbgrader's gradebook. (An
-untouched release, every answer missing, is graded in tests/test_course.py, on a small course.)
+exercises of the other kind. Notebook 02 in `odd`'s answers is handed in by a third student,
+`late`, alone and renamed: 02 reads notebook 01's features, which come from the course's
+reference run, not from the student's own 01 (late has none), so its second answers get
+full points; a later grading asking for that reference run again gets it without running 01.
+(Late's 02 stands in for odd's: 02 runs twice, as every lesson does, not three times.) All three are
+graded in one run, two pairs at once. Quick mode; points are read back from nbgrader's
+gradebook. (An untouched release, every answer missing, is graded in tests/test_course.py, on
+a small course.)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tools.notebooks import notebook_paths, read
 pytestmark = pytest.mark.slow
 
 LESSONS = [p.stem for p in notebook_paths() if p.name != "00_index.ipynb"]
+LATE = "02_logreg_lr_schedules"  # handed in by `late` alone, with odd's answers
 
 
 def answered(release_nb, pick):
@@ -53,17 +56,14 @@ def graded(tmp_path_factory, request):
     where, subs = tmp / "course", tmp / "submissions"
     release.release(where, timeout=600)
     released = {a: read(where / "release" / a / f"{a}.ipynb") for a in LESSONS}
+    odd = {a: answered(released[a], lambda k, i: (WRONG if k % 2 else SECOND)[i]) for a in LESSONS}
     for a in LESSONS:
-        hand_in(subs, "odd", a, answered(released[a], lambda k, i: (WRONG if k % 2 else SECOND)[i]))
+        if a != LATE:
+            hand_in(subs, "odd", a, odd[a])
         hand_in(
             subs, "even", a, answered(released[a], lambda k, i: (SECOND if k % 2 else WRONG)[i])
         )
-    hand_in(
-        subs,
-        "late",
-        "logreg (final)",
-        answered(released["02_logreg_lr_schedules"], lambda k, i: SECOND[i]),
-    )
+    hand_in(subs, "late", "logreg (final)", odd[LATE])
     said = []
     rows = grade.grade(subs, where, quick=True, timeout=600, say=said.append, jobs=2)
     # what a later grading of 02 does first: ask for the reference run of 01 (pair_settings)
@@ -84,18 +84,23 @@ def test_second_answers_full_points_and_wrong_answers_zero_for_exactly_their_exe
     for gid, max_points in lessons.POINTS.items():
         ex_id = gid.removesuffix("-test")
         k = int(ex_id.split("-ex")[1])
-        expect["odd", ex_id] = 0.0 if k % 2 else float(max_points)
+        odd = "late" if ex_id.startswith("nb02-") else "odd"
+        expect[odd, ex_id] = 0.0 if k % 2 else float(max_points)
         expect["even", ex_id] = float(max_points) if k % 2 else 0.0
     assert {key: got[key] for key in expect} == expect, graded["report"]
 
 
-def test_a_notebook_handed_in_alone_without_its_01_gets_full_points_from_the_reference_run(graded):
+def test_a_notebook_handed_in_alone_without_its_01_gets_its_points_from_the_reference_run(graded):
     got = points(graded["rows"])
+    seconds = 0
     for gid, max_points in lessons.POINTS.items():
-        if gid.startswith("nb02-"):
-            assert got["late", gid.removesuffix("-test")] == max_points, graded["report"]
+        ex_id = gid.removesuffix("-test")
+        if gid.startswith("nb02-") and int(ex_id.split("-ex")[1]) % 2 == 0:  # second answers
+            assert got["late", ex_id] == max_points, graded["report"]
+            seconds += 1
         elif gid.startswith("nb01-"):  # not handed in
-            assert got["late", gid.removesuffix("-test")] == 0.0
+            assert got["late", ex_id] == 0.0
+    assert seconds >= 1
     assert (
         "graded logreg (final).ipynb as 02_logreg_lr_schedules.ipynb (renamed)" in graded["report"]
     )
