@@ -3,7 +3,9 @@
 JupyterLab runs headless on loopback with a token; Playwright drives Debian's `chromium`
 through its executable path (no browser download). The test runs the notebook's cells and
 watches the page: the live dashboard appears while a 3-worker run trains, its worker rows
-change as the run goes on, and the run's final frame stays after the live widget is gone.
+change as a run goes on (in one of the first three runs: on a loaded machine a short run can
+end before a frame shows its steps), and the first run's final frame stays after the live
+widget is gone.
 Then the server is stopped and every process it started is checked gone, by PID.
 """
 
@@ -33,6 +35,7 @@ pytestmark = pytest.mark.slow
 NOTEBOOK = "05_parameter_server.ipynb"
 LIVE_ROWS = ".labs-dashboard-live .labs-workers"
 FINAL = ".labs-dashboard-final"
+RUNS_WATCHED = 3
 
 
 def _chromium() -> str:
@@ -321,7 +324,7 @@ def screenshot(page, selector, path, tries=5) -> None:
 
 def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
     chromium = _chromium()
-    frames: list[str] = []
+    frames: dict[int, list[str]] = {}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=chromium, args=["--no-sandbox", "--disable-gpu"]
@@ -332,10 +335,19 @@ def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
             page.goto(lab.url)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
             run_until_live(page, lab, kernel)
+            # each run's live rows, by the number of runs finished before it: a short run on a
+            # loaded machine can end before a frame shows its first steps (CI saw one whose
+            # every frame said "starting"), so up to RUNS_WATCHED runs are watched for one
+            # whose rows change
             deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and page.locator(FINAL).count() == 0:
+            while time.monotonic() < deadline:
+                finished = page.locator(FINAL).count()
+                changed = any(len(set(f)) >= 2 for f in frames.values())
+                if finished >= RUNS_WATCHED or (finished and changed):
+                    break
                 try:
-                    frames.append(page.locator(LIVE_ROWS).first.text_content(timeout=1_000))
+                    rows = page.locator(LIVE_ROWS).first.text_content(timeout=1_000)
+                    frames.setdefault(finished, []).append(rows)
                 except PlaywrightError:  # the widget was closed between two looks
                     pass
                 time.sleep(0.1)
@@ -347,7 +359,10 @@ def test_the_dashboard_runs_live_in_jupyterlab_and_leaves_its_final_frame(lab):
             processes = lab.descendants()  # the kernel and its cluster, while they run
         finally:
             browser.close()
-    assert len(set(frames)) >= 2, f"the live rows never changed: {frames[:3]}"
+    assert any(len(set(f)) >= 2 for f in frames.values()), (
+        f"the live rows never changed in {len(frames)} run(s): "
+        + str({run: f[:3] for run, f in frames.items()})
+    )
     assert "finished" in final_text and "PS version" in final_text, final_text
     assert final_rows.count("done") == 3, final_rows  # each of the 3 workers' rows
     assert len(processes) >= 5, processes  # kernel, PS, 3 workers (and a namespace holder)
