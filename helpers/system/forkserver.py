@@ -124,6 +124,7 @@ class ForkServer:
         self.sock, self._lock = ours, threading.Lock()
         self.children: dict[int, ForkedPopen] = {}
         self._started: list[int] = []
+        self._early: dict[int, int] = {}  # exit codes of children not yet registered
         self._got = threading.Condition()
         self._ready = self._gone = False
         threading.Thread(target=self._read, daemon=True).start()
@@ -152,6 +153,8 @@ class ForkServer:
                     child = self.children.get(msg["exited"])
                     if child is not None:
                         child._ended(msg["code"])
+                    else:  # ended before fork() took its PID: kept for it
+                        self._early[msg["exited"]] = msg["code"]
                 self._got.notify_all()
         with self._got:  # the server is gone
             self._gone = True
@@ -193,6 +196,8 @@ class ForkServer:
                     self, pid, [module, *args], os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb")
                 )
                 self.children[pid] = child
+                if pid in self._early:
+                    child._ended(self._early.pop(pid))
         return child
 
     def stop(self) -> None:
