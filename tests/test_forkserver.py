@@ -52,7 +52,9 @@ def server(tmp_path_factory):
 def _fork(server, extra_env=None):
     srv, env, folder = server
     log = open(folder / "child.log", "wb")
-    child = srv.fork("labs_child", ["a", "b"], dict(env, **(extra_env or {})), log)
+    child = srv.fork(
+        [sys.executable, "-m", "labs_child", "a", "b"], dict(env, **(extra_env or {})), log
+    )
     log.close()  # the child has its own copy
     return child, folder / "child.log"
 
@@ -91,7 +93,9 @@ def test_children_end_with_their_server(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     srv = forkserver.ForkServer([], env, tmp_path / "fork-server.log")
     try:
-        child = srv.fork("labs_child", [], env, open(tmp_path / "child.log", "wb"))
+        child = srv.fork(
+            [sys.executable, "-m", "labs_child"], env, open(tmp_path / "child.log", "wb")
+        )
         child.stdin.write(b"wait\n")
         child.stdin.flush()
         child.stdout.readline()
@@ -116,7 +120,7 @@ def test_a_module_that_does_not_import_fails_in_its_child_as_if_spawned(tmp_path
     srv = forkserver.ForkServer([], dict(os.environ), tmp_path / "fs.log", ("no_such_labs_mod",))
     try:  # the server started all the same
         with open(tmp_path / "child.log", "wb") as log:
-            child = srv.fork("no_such_labs_mod", [], dict(os.environ), log)
+            child = srv.fork([sys.executable, "-m", "no_such_labs_mod"], dict(os.environ), log)
         assert child.wait(60) == 1
         assert "python: No module named no_such_labs_mod" in (tmp_path / "child.log").read_text()
     finally:

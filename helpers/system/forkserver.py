@@ -74,10 +74,7 @@ class ForkedPopen:
         try:
             os.kill(self.pid, 0)
             return False
-        except ProcessLookupError:
-            self._ended(-signal.SIGKILL)
-            return True
-        except PermissionError:  # the number is another user's process now
+        except (ProcessLookupError, PermissionError):  # gone (or the number is another's now)
             self._ended(-signal.SIGKILL)
             return True
 
@@ -168,9 +165,10 @@ class ForkServer:
                 return cmd[:i], cmd[i + 2], cmd[i + 3 :]
         raise ValueError(f"not this Python running a module (python -m ...): {cmd}")
 
-    def fork(self, module: str, args: list[str], env: dict, stderr) -> ForkedPopen:
-        """Fork `python -m module *args` with `env`; stdin and stdout are pipes, stderr goes
-        to the open file `stderr`."""
+    def fork(self, cmd: list[str], env: dict, stderr) -> ForkedPopen:
+        """Fork `cmd` (`[python, "-m", module, *args]`, after the server's own prefix) with
+        `env`; stdin and stdout are pipes, stderr goes to the open file `stderr`."""
+        _, module, args = self.module_of(cmd)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         request = json.dumps({"module": module, "args": args, "env": env}).encode() + b"\n"

@@ -335,8 +335,7 @@ class ChildProcess:
         self.log = open(log_path, "wb")
         self._send_lock = threading.Lock()  # a pinger thread writes too
         if server is not None:  # forked from a fork server (helpers.system.forkserver)
-            _, module, args = server.module_of(cmd)
-            self.popen = server.fork(module, args, env, self.log)
+            self.popen = server.fork(cmd, env, self.log)
         else:
             self.popen = spawn(
                 cmd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log
