@@ -52,7 +52,6 @@ LONGEST_FIRST = (
     "notebooks/04_multi_device_mnist.ipynb",
     "notebooks/07_fault_tolerance.ipynb",
     "notebooks/03_optimizer_sweep.ipynb",
-    "tests/test_sim_validation.py",  # real runs against the calibrated simulator
     "notebooks/09_past_the_laptop.ipynb",
     "tests/test_placement.py",  # clusters on three namespaced hosts over SSH
     "tests/test_slurm.py",  # and through a real Slurm on them

@@ -183,3 +183,19 @@ def test_make_test_starts_the_longest_files_first_and_each_names_a_file():
     for name in LONGEST_FIRST:
         assert (REPO_ROOT / name).is_file(), name
     assert "--no-loadscope-reorder" in (REPO_ROOT / "Makefile").read_text()
+
+
+def test_make_test_runs_the_files_that_need_the_cores_alone_after_the_others():
+    """The Makefile's ALONE files (a model of the machine checked against it) leave the
+    xdist pool and run after it: a renamed file would be neither ignored nor run."""
+    from conftest import LONGEST_FIRST
+
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    [line] = [line for line in makefile.splitlines() if line.startswith("ALONE =")]
+    alone = line.split("=", 1)[1].split()
+    assert alone
+    for name in alone:
+        assert (REPO_ROOT / name).is_file(), name
+        assert name not in LONGEST_FIRST, name
+    assert "$(ALONE:%=--ignore=%)" in makefile
+    assert "pytest $(ALONE);" in makefile

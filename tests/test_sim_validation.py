@@ -13,7 +13,12 @@ real runs' median (helpers.sim.validate.MARGINS) or within their own spread.
 The subset is a waiting mode and async with a straggler, where the benchmark finds the
 simulator within every margin. Where it finds it outside (SSP's and a straggling sync's rate,
 backup's drops, async's staleness past the cores, several PS tasks) notebook 09 says so; those
-are not asserted here."""
+are not asserted here.
+
+The simulator models this machine's cores as the runs' own: `make test` runs this file after
+the others (the Makefile's ALONE), not beside another worker's kernels and clusters, whose load
+came and went between a calibration run and the runs it predicted (a CI run found async with a
+straggler 25 % slower than predicted in two of three repeats)."""
 
 import statistics
 
