@@ -22,17 +22,35 @@ def tiny_job(**fault):
     return spec
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _end_the_fork_server():
+    """The fork server lives as long as the process that started it (a kernel): here, the
+    tests' process; it is ended after them."""
+    yield
+    mirrored.end_fork_server()
+
+
 def no_children_left():
+    """This process's children and theirs, but the fork server (which outlives a run)."""
+    server = mirrored._FORK_SERVER.pid if mirrored._FORK_SERVER else None
     return [
-        p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.status() != psutil.STATUS_ZOMBIE and p.pid != server
     ]
 
 
-def test_a_configuration_trains_in_its_own_process(shared_data, monkeypatch):
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "spawned"])
+def test_a_configuration_trains_in_its_own_process(shared_data, monkeypatch, fork):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    monkeypatch.setenv("LABS_FORK", fork)
+    mirrored.end_fork_server()  # an earlier test's
     res = mirrored.run(tiny_job(), name="test")
     assert res["replicas"] == 2 and len(res["devices"]) == 2
     assert res["pid"] != os.getpid() and not psutil.pid_exists(res["pid"])
+    # forked from this process's fork server (Linux), or spawned by this process
+    server = mirrored._FORK_SERVER
+    assert (server is not None and server.popen.poll() is None) == (fork == "1")
     assert res["attempts"] == 1 and res["batch"] == [64] and res["examples"] == [256]
     assert res["epoch_s"][0] > 0 and 0.0 <= res["test_acc"][0] <= 1.0
     # the epoch (Keras' epoch callbacks) is part of its fit call, which also builds and tears
@@ -74,7 +92,7 @@ def test_a_crash_on_every_attempt_fails_naming_the_signal_and_the_log():
 
 def test_a_run_past_its_timeout_is_ended_and_not_retried():
     with pytest.raises(mirrored.MirroredRunError, match=r"timed out after 1 s \(attempt 1 of 2\)"):
-        mirrored.run(tiny_job(), name="test", timeout=1)  # importing TF alone takes longer
+        mirrored.run(tiny_job(signal="SIGSTOP", attempts=[1]), name="test", timeout=1)  # hangs
     assert not no_children_left()
 
 

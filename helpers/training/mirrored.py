@@ -3,7 +3,8 @@
 Notebook 04 compares many (replicas, batch, learning rate) configurations. Every
 configuration runs in its own process (`python -m helpers.training.mirrored job.json`): it
 sets up exactly the devices it needs, trains, measures its own CPU% and peak memory, and prints
-one JSON line. A process killed by a signal costs one configuration: it is reported with its
+one JSON line (on Linux it is forked from a server that has imported TensorFlow: `fork_server`).
+A process killed by a signal costs one configuration: it is reported with its
 Python stack (faulthandler) and run once more. Test accuracy comes from plain forward passes
 (`models.accuracy`), not Keras' `evaluate`, which under a strategy can crash TensorFlow's
 runtime (bench/mirrored_crash_repro.py reproduces it and says why). The process plumbing
@@ -29,6 +30,10 @@ from helpers import config
 from helpers.system.control import Event, event_line
 
 EVALUATE = ("epoch", "end")
+# what a configuration's process imports besides TensorFlow and Keras: its fork server does first
+PRELOAD = ("helpers.training.mirrored", "helpers.training.models", "helpers.data.arrays",
+           "helpers.system.resources")  # fmt: skip
+_FORK_SERVER = None  # this process's, started with its first configuration (see fork_server)
 
 
 class MirroredRunError(RuntimeError):
@@ -233,6 +238,37 @@ def train_one_config(spec: dict) -> dict:
     return {**out, **monitor.summary()[os.getpid()]}
 
 
+def fork_server(env: dict):
+    """The fork server this process's configurations are forked from, started at the first
+    (a ForkServer, see helpers.system.forkserver), or None where each is spawned: macOS,
+    LABS_FORK=0, or a GPU, whose driver must not be set up before a fork. It imports
+    TensorFlow once for every configuration and lives until `end_fork_server()` or until this
+    process ends (the lifeline): each configuration still starts from a process that has run
+    nothing, so its time and memory stay its own."""
+    global _FORK_SERVER
+    import atexit
+
+    import tensorflow as tf
+
+    from helpers.system import forkserver
+
+    if not forkserver.enabled() or tf.config.list_physical_devices("GPU"):
+        return None
+    if _FORK_SERVER is None or _FORK_SERVER.popen.poll() is not None:
+        log = config.runs_dir("mirrored") / f"fork-server-{os.getpid()}.log"
+        _FORK_SERVER = forkserver.ForkServer([], env, log, preload=PRELOAD)
+        atexit.register(end_fork_server)
+    return _FORK_SERVER
+
+
+def end_fork_server() -> None:
+    """End this process's fork server, if it started one (its children have ended)."""
+    global _FORK_SERVER
+    if _FORK_SERVER is not None:
+        _FORK_SERVER.stop()
+        _FORK_SERVER = None
+
+
 def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirrored") -> dict:
     """Run one configuration (a `job(...)` dict) in a child process; return its result.
 
@@ -254,7 +290,9 @@ def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirro
         inbox: queue.Queue = queue.Queue()
         log = folder / f"{name}-{os.getpid()}-{attempt}.log"
         cmd = [sys.executable, "-m", "helpers.training.mirrored", str(job_file)]
-        child = ChildProcess(name, cmd, dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox)
+        child = ChildProcess(
+            name, cmd, dict(env, LABS_MIRRORED_ATTEMPT=str(attempt)), log, inbox, fork_server(env)
+        )
         try:
             result = wait_for_results({name: child}, inbox, [name], timeout)[name]
             return {**result, "attempts": attempt}
