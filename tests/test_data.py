@@ -123,6 +123,44 @@ def test_mnist_rows_stream_exactly_the_rows_asked_for(cache, shared_data, monkey
         mnist.load_mnist_rows("dev", [0])
 
 
+def test_held_mnist_gives_the_same_rows_and_errors_and_holds_nothing_not_downloaded(
+    cache, shared_data, monkeypatch
+):
+    """A fork server holds both splits (`hold`); rows then come out of them, as streamed."""
+    monkeypatch.setattr(mnist, "_HELD", {})
+    mnist.hold()  # not downloaded here: nothing held, nothing fetched
+    assert mnist._HELD == {} and leftovers(cache) == []
+    monkeypatch.setenv("LABS_DATA_MIRROR", str(shared_data))
+    rows = np.concatenate([np.random.default_rng(1).permutation(60000)[:500], [59999, 0, 0]])
+    streamed = mnist.load_mnist_rows("train", rows), mnist.load_mnist_rows("test", [9999, 3])
+    mnist.hold()
+    assert sorted(mnist._HELD) == ["test", "train"]
+    assert not mnist._HELD["train"].flags.writeable  # shared with the children: read only
+    held = mnist.load_mnist_rows("train", rows), mnist.load_mnist_rows("test", [9999, 3])
+    for a, b in zip(streamed, held):
+        np.testing.assert_array_equal(a, b)
+        assert b.flags.writeable  # a copy of the rows, the caller's own
+    with pytest.raises(ValueError, match=r"rows must be in \[0, 10000\), got 0..10000"):
+        mnist.load_mnist_rows("test", [0, 10000])
+
+
+def test_a_cached_file_is_hashed_once_per_process_until_it_changes(cache, shared_data, monkeypatch):
+    hashed = []
+    sha256_of = downloads.sha256_of
+    monkeypatch.setattr(downloads, "sha256_of", lambda p: hashed.append(p) or sha256_of(p))
+    cache.mkdir()
+    shutil.copy(shared_data / "mnist.npz", cache / "mnist.npz")
+    downloads.fetch("mnist")
+    downloads.fetch("mnist")  # verified already: not read again
+    assert hashed == [cache / "mnist.npz"]
+    corrupt = bytearray((cache / "mnist.npz").read_bytes())
+    corrupt[-10] ^= 0x01
+    (cache / "mnist.npz").write_bytes(corrupt)  # changed since: hashed again, and refused
+    with pytest.raises(downloads.ChecksumError):
+        downloads.fetch("mnist")
+    assert len(hashed) == 2 and leftovers(cache) == []
+
+
 def test_mirror_that_is_neither_url_nor_folder_is_refused(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_DATA_MIRROR", str(tmp_path / "no-such-folder"))
     with pytest.raises(dbpedia.DataError, match="neither an http.s. URL nor an existing folder"):

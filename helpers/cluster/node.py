@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -207,6 +208,9 @@ def main(argv=None) -> int:
             wait_until_closed(node.ps_addrs[0], f"PS task {node.task}")
         print(json.dumps(result), flush=True)
         return 0
+    # what this node has built so far (TensorFlow, Keras, its server) lives as long as it:
+    # frozen, the collection after every run scans only what the runs made
+    gc.freeze()
     lines = iter(commands.get, None) if commands is not None else map(json.loads, sys.stdin)
     for cmd in lines:  # EOF: the launcher is gone
         if cmd["cmd"] == Cmd.EXIT:

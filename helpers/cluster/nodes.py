@@ -18,7 +18,8 @@ from helpers.system import clock, forkserver
 from helpers.system.control import Cmd, command
 from helpers.system.processes import ChildProcess
 
-# what a node imports as it trains, besides TensorFlow and Keras: its fork server imports them
+# what a node imports as it trains, besides TensorFlow and Keras: its fork server imports them,
+# and holds MNIST's images (if downloaded), which the nodes would read again at every run
 PRELOAD = (
     "helpers.cluster.wire",
     "helpers.cluster.ps",
@@ -26,6 +27,7 @@ PRELOAD = (
     "helpers.cluster.evaluator",
     "helpers.training.models",
     "helpers.data.arrays",
+    "helpers.data.mnist:hold",
 )
 
 

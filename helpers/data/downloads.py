@@ -95,9 +95,20 @@ class ChecksumError(DataError):
 # --------------------------------------------------------------------------- hashing
 
 
+_VERIFIED: dict[Path, tuple] = {}  # path -> the (size, mtime, inode) it was verified with
+
+
 def _check_cached(path: Path, expected: str, what: str) -> None:
+    """Verify a cached file's checksum, once per process while the file stays the same (a
+    cluster's node reads its dataset at every run)."""
+    st = path.stat()
+    seen = (expected, st.st_size, st.st_mtime_ns, st.st_ino)
+    if _VERIFIED.get(path) == seen:
+        return
     actual = sha256_of(path)
-    if actual != expected:
+    if actual == expected:
+        _VERIFIED[path] = seen
+    else:
         path.unlink()
         raise ChecksumError(
             f"{what} checksum mismatch (expected {expected}, got {actual}): "

@@ -95,8 +95,9 @@ class ForkedPopen:
 
 class ForkServer:
     """A server process that has imported TensorFlow, Keras and the modules `preload` names
-    (what its children import anyway), started with `prefix` and `env` (those of the processes
-    it will fork), its log in `log_path`. `fork(...)` forks one child."""
+    (what its children import anyway; "module:function" also calls the function, as data its
+    children read), started with `prefix` and `env` (those of the processes it will fork), its
+    log in `log_path`. `fork(...)` forks one child."""
 
     def __init__(
         self,
@@ -261,15 +262,19 @@ def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
 def serve(sock_fd: int, parent_pid: int, preload: list[str]) -> None:
     """The server: import what the cluster's processes import, then fork one child per
     request until the launcher closes the socket (or dies: the lifeline)."""
+    import gc
     import importlib
     import warnings
 
     processes.die_with_parent(parent_pid)
     processes.lean_keras_import()
     for name in ["tensorflow", "keras", *preload]:
+        module, _, call = name.partition(":")  # "module:function": import it, then call it
         try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a child importing it fails the same way, in its log
+            loaded = importlib.import_module(module)
+            if call:
+                getattr(loaded, call)()
+        except Exception:  # noqa: BLE001 - a child doing the same fails the same way, in its log
             pass
     # the server's own threads (its reapers, the lifeline's, TF's idle pools) hold nothing a
     # child needs; Python 3.12+ warns about forking with threads at all
@@ -288,6 +293,10 @@ def serve(sock_fd: int, parent_pid: int, preload: list[str]) -> None:
         except OSError:
             pass
 
+    # what is imported lives as long as every child: frozen, the garbage collector leaves it
+    # out of every collection, so a child's collections neither scan it (a node collects after
+    # every run) nor write to its pages, which then stay shared with the server
+    gc.freeze()
     send({"ready": os.getpid()})
     while True:
         data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)

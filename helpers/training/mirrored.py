@@ -32,7 +32,7 @@ from helpers.system.control import Event, event_line
 EVALUATE = ("epoch", "end")
 # what a configuration's process imports besides TensorFlow and Keras: its fork server does first
 PRELOAD = ("helpers.training.mirrored", "helpers.training.models", "helpers.data.arrays",
-           "helpers.system.resources")  # fmt: skip
+           "helpers.system.resources", "helpers.data.mnist:hold")  # fmt: skip
 _FORK_SERVER = None  # this process's, started with its first configuration (see fork_server)
 
 
