@@ -9,7 +9,8 @@ TensorFlow, Keras and what the processes import, and then, for each process aske
 child that runs the module as `python -m` would. A module that fails to import in the server
 is left to the child, which fails the same way, in its own log. A forked child shares the
 imported libraries' pages with the server until it writes to them, so the cluster's memory
-(PSS) falls too.
+(PSS) falls too; the server freezes what it imported (`gc.freeze`) before it forks, so that a
+child's garbage collections neither scan those objects nor write to their pages.
 
 Forking after `import tensorflow` is safe here because the import starts no TensorFlow runtime:
 each child builds its own (its server, its eager context) after the fork, as a fresh process
