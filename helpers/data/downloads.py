@@ -95,7 +95,7 @@ class ChecksumError(DataError):
 # --------------------------------------------------------------------------- hashing
 
 
-_VERIFIED: dict[Path, tuple] = {}  # path -> the (size, mtime, inode) it was verified with
+_VERIFIED: dict[Path, tuple] = {}  # path -> (checksum, size, mtime, inode) it was verified with
 
 
 def _check_cached(path: Path, expected: str, what: str) -> None:
@@ -308,13 +308,21 @@ def _extract_members(ds: Dataset, archive: Path, into: Path) -> None:
         ) from exc
 
 
+def cached_path(name: str) -> Path | None:
+    """Where a single-file dataset ("mnist") is cached, if it is; nothing is fetched or
+    verified (`fetch` verifies)."""
+    path = config.data_dir() / DATASETS[name].filename
+    return path if path.exists() else None
+
+
 def available() -> dict[str, str]:
     """Say, without downloading, where each dataset would come from."""
     out = {}
     cache = config.data_dir()
+    mnist = cached_path("mnist")
     out["mnist"] = (
-        f"cached at {cache / 'mnist.npz'}"
-        if (cache / "mnist.npz").exists()
+        f"cached at {mnist}"
+        if mnist
         else f"not cached; will be fetched from {_safe_source(DATASETS['mnist'])}"
     )
     if os.environ.get("LABS_DBPEDIA_DIR", "").strip():

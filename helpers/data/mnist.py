@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helpers import config
-from helpers.data.downloads import DATASETS, DataError, fetch
+from helpers.data.downloads import DataError, cached_path, fetch
 
 
 def load_mnist():
@@ -21,7 +20,7 @@ def hold() -> None:
     """Keep both splits' images in this process's memory, read only, if MNIST is already
     downloaded (nothing is fetched here). For a fork server: its children share these pages
     rather than each decompressing the rows it needs at every run."""
-    if not (config.data_dir() / DATASETS["mnist"].filename).exists():
+    if cached_path("mnist") is None:
         return
     with np.load(fetch("mnist")) as f:
         for split in ("train", "test"):

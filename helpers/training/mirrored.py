@@ -254,9 +254,12 @@ def fork_server(env: dict):
 
     if not forkserver.enabled() or tf.config.list_physical_devices("GPU"):
         return None
-    if _FORK_SERVER is None or _FORK_SERVER.popen.poll() is not None:
+    if _FORK_SERVER is not None and _FORK_SERVER.popen.poll() is not None:
+        end_fork_server()  # it died: close its socket and log before starting another
+    if _FORK_SERVER is None:
         log = config.runs_dir("mirrored") / f"fork-server-{os.getpid()}.log"
         _FORK_SERVER = forkserver.ForkServer([], env, log, preload=PRELOAD)
+        atexit.unregister(end_fork_server)  # registered once, however many were started
         atexit.register(end_fork_server)
     return _FORK_SERVER
 
