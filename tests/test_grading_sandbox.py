@@ -5,8 +5,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
+import psutil
 import pytest
 
 from tools.course import sandbox
@@ -106,6 +108,60 @@ def test_the_memory_guard_ends_the_processes_of_its_token_past_the_limit():
                 p.kill()
             p.wait()
     assert guard.tripped and guard.peak_mb > 200
+
+
+SHARERS = """
+import os, sys, time
+block = bytearray(os.urandom(2**20)) * 120  # 120 MB, written once, then only read
+for _ in range(3):
+    if os.fork() == 0:  # each child maps the parent's pages: RSS counts them again, PSS not
+        time.sleep(60)
+        os._exit(0)
+print("forked", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PSS is read on Linux only")
+def test_the_memory_guard_decides_on_pss_not_on_rss_of_shared_pages(monkeypatch):
+    token = uuid.uuid4().hex
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SHARERS],
+        env=dict(os.environ, LABS_GRADING_TOKEN=token),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    reads = []
+    real = sandbox.read_memory
+    monkeypatch.setattr(
+        sandbox, "read_memory", lambda p, full=False: (reads.append(full), real(p, full))[1]
+    )
+    guard = sandbox.MemoryGuard(limit_mb=300, every_s=0.1)
+    try:
+        assert parent.stdout.readline() == "forked\n"
+        family = [psutil.Process(parent.pid), *psutil.Process(parent.pid).children()]
+        assert len(family) == 4
+        assert sum(p.memory_info().rss for p in family) > 400 * 2**20  # past the limit by RSS
+        guard.watch(token)
+        time.sleep(1.5)
+        guard.stop()
+        assert all(p.is_running() for p in family)  # by PSS, under it
+        assert 100 < guard.peak_mb < 300 and True in reads
+        # far under the limit, RSS settles it and no PSS is read
+        reads.clear()
+        guard = sandbox.MemoryGuard(limit_mb=10_000, every_s=0.1)
+        guard.watch(token)
+        time.sleep(1)
+        guard.stop()
+        assert reads and True not in reads and guard.peak_mb == 0 and not guard.tripped
+    finally:
+        guard.stop()
+        children = psutil.Process(parent.pid).children()
+        for p in children:
+            p.kill()
+        parent.kill()  # its killed children, zombies until it goes, are then reaped by init
+        parent.wait()
+        assert psutil.wait_procs(children, timeout=10)[1] == []
 
 
 def test_a_worktrees_history_is_found_from_its_git_file(tmp_path):
