@@ -6,7 +6,7 @@
 # Usage: bash .ci/other-pythons.sh [--install-only | --test-only] [3.12 3.13 ...]; exits
 # non-zero if any version fails. The environments install side by side (mostly downloads), so
 # CI starts --install-only in the background while the main tests run, then --test-only; the
-# tests run one version at a time, the fast ones in two pytest-xdist workers.
+# versions' tests run side by side, the fast ones in two pytest-xdist workers each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=all
@@ -90,13 +90,9 @@ done
 [ "$phase" = test ] || echo "installed ${ready[*]:-nothing} in $(( $(date +%s) - start )) s"
 [ "$phase" != install ] || exit $status
 
-for v in $(printf '%s\n' "${ready[@]}" | sort); do
+test_version() {  # the fast tests, then notebook 00 under nbval and the cluster smoke test
+  local v=$1 t secs status=0
   t=$(date +%s)
-  if ! ".venv-$v/bin/python" -m pip install -q --no-deps -e . >> ".venv-$v-pip.log" 2>&1; then
-    echo "python $v: the project did not install (log: .venv-$v-pip.log)" >&2
-    status=1
-    continue
-  fi
   # each step has a deadline (several times what it takes here), so that a hang fails with
   # its name in the log instead of using up CI's whole budget
   echo "python $v: fast tests, then notebook 00 under nbval and the cluster smoke test"
@@ -116,5 +112,28 @@ for v in $(printf '%s\n' "${ready[@]}" | sort); do
     status=1
   fi
   echo "python $v: tested in $(( $(date +%s) - t )) s"
+  return $status
+}
+
+installed=()
+for v in $(printf '%s\n' "${ready[@]}" | sort); do
+  if ".venv-$v/bin/python" -m pip install -q --no-deps -e . >> ".venv-$v-pip.log" 2>&1; then
+    installed+=("$v")
+  else
+    echo "python $v: the project did not install (log: .venv-$v-pip.log)" >&2
+    status=1
+  fi
+done
+# The versions are tested at the same time, each into a log of its own, shown in turn when all
+# are done: much of the fast tests is waiting (for a process to die, a timeout to pass), so
+# two versions' tests side by side take less than one after the other.
+declare -A testers
+for v in "${installed[@]}"; do
+  test_version "$v" > ".ci-python-$v.log" 2>&1 &
+  testers[$v]=$!
+done
+for v in "${installed[@]}"; do
+  wait "${testers[$v]}" || status=1
+  cat ".ci-python-$v.log"
 done
 exit $status
