@@ -11,6 +11,7 @@ import uuid
 import psutil
 import pytest
 
+from helpers.system import resources
 from tools.course import sandbox
 
 REASON = sandbox.unavailable_reason()
@@ -132,9 +133,9 @@ def test_the_memory_guard_decides_on_pss_not_on_rss_of_shared_pages(monkeypatch)
         text=True,
     )
     reads = []
-    real = sandbox.read_memory
+    real = resources.read_memory
     monkeypatch.setattr(
-        sandbox, "read_memory", lambda p, full=False: (reads.append(full), real(p, full))[1]
+        resources, "read_memory", lambda p, full=False: (reads.append(full), real(p, full))[1]
     )
     guard = sandbox.MemoryGuard(limit_mb=300, every_s=0.1)
     try:

@@ -34,7 +34,7 @@ from traitlets.config import Config
 import helpers  # noqa: F401  (sets the kernels' TF log level: they inherit os.environ)
 from helpers import config
 from helpers.files import atomic_path
-from helpers.system.resources import Sampler, read_memory
+from helpers.system.resources import Sampler, read_memory, total_memory
 from tools.notebooks import NOTEBOOK_DIR, freeze_widgets, notebook_paths, read
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
@@ -76,12 +76,7 @@ class MemoryPeak:
 
     def _sample(self) -> None:
         procs = psutil.Process().children(recursive=True)
-        rss = 0
-        for proc in procs:
-            try:
-                rss += read_memory(proc).rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
+        rss = total_memory(procs)
         if rss < self._rss_seen * self.grow:
             return
         self._rss_seen = rss

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from helpers import config
-from helpers.system.resources import Sampler, read_memory
+from helpers.system.resources import Sampler, total_memory
 from tools.course.nbgrader_course import token_processes
 
 KERNEL_NAME = "labs-sandbox"
@@ -209,19 +209,6 @@ def default_memory_mb(jobs: int) -> int:
     return int(psutil.virtual_memory().total * 0.8 / max(1, jobs) / 2**20)
 
 
-def _memory_mb(procs: list[psutil.Process], full: bool) -> float:
-    """The RSS of `procs` together in MB; with `full` their PSS (RSS where the system has no
-    PSS, as macOS, or denies it). Processes that ended count 0."""
-    used = 0
-    for p in procs:
-        try:
-            mem = read_memory(p, full=full)
-        except psutil.Error:
-            continue
-        used += mem.rss if mem.pss is None else mem.pss
-    return used / 2**20
-
-
 class MemoryGuard:
     """Watch every process whose environment holds LABS_GRADING_TOKEN=token, except `spare`
     (nbgrader itself), and SIGKILL them when their memory together passes `limit_mb`.
@@ -253,9 +240,9 @@ class MemoryGuard:
 
     def _sample(self, token: str, spare: set[int]) -> None:
         members = token_processes({token}, spare)
-        if _memory_mb(members, full=False) <= self.limit_mb:
+        if total_memory(members) / 2**20 <= self.limit_mb:
             return  # under the limit by RSS, so by PSS
-        used = _memory_mb(members, full=True)
+        used = total_memory(members, full=True) / 2**20
         self.peak_mb = max(self.peak_mb, used)
         if used > self.limit_mb:
             self.tripped = True
