@@ -90,6 +90,19 @@ def updates_in(run_dir: Path) -> int:
         return 0
 
 
+def tf_files_in_the_cluster_folder(cluster) -> Path:
+    """Check that a trained cluster's node on another host wrote TF's file for each function
+    it traced into the cluster's folder (which stop() removes), not its host's temp folder;
+    return that folder."""
+    import psutil
+
+    tmp = cluster.dir / "tmp"
+    pid = cluster.nodes.node_pids["worker:0"]
+    assert psutil.Process(pid).environ()["TMPDIR"] == str(tmp)
+    assert list(tmp.glob("__autograph_generated_file*.py")), list(tmp.iterdir())
+    return tmp
+
+
 def driver_mid_run(script: str, args: list[str], runs_dir: Path, run_id: str, updates=20):
     """Start a driver (`python -c script *args`) whose run `run_id` goes to `runs_dir`; return
     its Popen (stdin, stdout, stderr piped) once that run has made `updates` PS updates."""

@@ -56,6 +56,7 @@ def cluster(hosts, shared_data):
     try:
         with LocalCluster(workers=2, ps=2, placement=ssh(hosts)) as c:
             yield c
+        assert not (c.dir / "tmp").exists()  # TF's files for traced functions went with it
     finally:
         del os.environ["LABS_CLOCK_SHIFT"]
 
@@ -105,6 +106,7 @@ def test_async_across_hosts(cluster, tmp_path):
     assert len(updates(run)) == 80
     assert set(steps_of(run).worker) == {0, 1}
     check_views(run, tmp_path)
+    hosts_.tf_files_in_the_cluster_folder(cluster)
 
 
 def test_a_killed_host_is_named_within_10_s(cluster, hosts):

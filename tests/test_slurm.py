@@ -62,6 +62,7 @@ def cluster(slurm, shared_data):
     placement = Slurm(slurm.job, srun_args=["--overlap", "--overcommit"])
     with LocalCluster(workers=2, ps=2, placement=placement) as c:
         yield c
+    assert not (c.dir / "tmp").exists()  # TF's files for traced functions went with it
 
 
 def test_slurm_gives_the_nodes_and_their_addresses(slurm, cluster, monkeypatch):
@@ -84,6 +85,7 @@ def test_the_engine_trains_across_slurm_nodes(cluster, tmp_path, mode):
     if mode == "sync":
         assert all(sorted(w) == [0, 1] for w in updates(run).workers)
     check_views(run, tmp_path)
+    hosts_.tf_files_in_the_cluster_folder(cluster)
 
 
 def test_a_node_whose_processes_die_is_named_within_10_s(slurm, cluster):

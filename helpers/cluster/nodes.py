@@ -92,13 +92,13 @@ class Nodes:
         with its lifeline: the parent's PID on this machine (--parent-pid), stdin on another
         host (--remote). Returns ChildProcess(-like) objects by name; logs <name>.log."""
         logs = {n: Path(folder) / f"{n.replace(':', '-')}.log" for n in argv}
-        envs = {n: dict(env, **(envs or {}).get(n, {})) for n in argv}
+        # TF writes a file for each function it traces and deletes it only at a normal exit:
+        # a node ended by a signal would leave them in its host's temp folder. The cluster's
+        # folder is on every host (placements check it), and stop() removes this one.
+        self.tmp = Path(folder) / "tmp"
+        self.tmp.mkdir(exist_ok=True)
+        envs = {n: dict(env, **(envs or {}).get(n, {}), TMPDIR=str(self.tmp)) for n in argv}
         if not self.placement.remote:
-            # TF writes a file for each function it traces and deletes it only at a normal
-            # exit: a node ended by a signal would leave them in the machine's temp folder
-            self.tmp = Path(folder) / "tmp"
-            self.tmp.mkdir(exist_ok=True)
-            envs = {n: dict(e, TMPDIR=str(self.tmp)) for n, e in envs.items()}
             if forkserver.enabled():  # TensorFlow imported once, each process forked
                 prefix, module, _ = forkserver.ForkServer.module_of(next(iter(argv.values())))
                 self.server = forkserver.ForkServer(

@@ -48,7 +48,7 @@ SSH_OPTIONS = [
 ]
 # what a node on another host needs of the driver's environment: the course's settings, TF's
 FORWARDED_PREFIXES = ("LABS_", "TF_")
-FORWARDED = ("PYTHONUNBUFFERED", "MALLOC_ARENA_MAX")
+FORWARDED = ("PYTHONUNBUFFERED", "MALLOC_ARENA_MAX", "TMPDIR")  # TMPDIR: the cluster's own
 NOT_FORWARDED = ("LABS_LIFELINE",)  # a file descriptor of this machine's
 
 
