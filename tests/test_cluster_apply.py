@@ -50,15 +50,17 @@ def test_pack_and_unpack_round_trip_mixed_dtypes():
         tf.fill((5,), 2.5),
         tf.constant([0.5, 3], tf.float16),
         tf.constant(-3, tf.int64),
+        tf.constant([1.7e9 + 1e-6, float("nan"), -0.0], tf.float64),  # time stamps
     ]
     shapes = [tuple(t.shape) for t in tensors]
     packed = pack_by_dtype(tensors)
-    # integers travel as float32 words beside the floats: one transfer, plus one for float16
-    assert [idx for idx, _, _ in packed] == [[0, 1, 2, 3, 5], [4]]
-    assert packed[0][2].dtype == tf.float32 and packed[0][2].shape == (8 + 6 + 2 + 5 + 2,)
+    # integers and float64 travel as float32 words beside the floats: one transfer, plus one
+    # for float16
+    assert [idx for idx, _, _ in packed] == [[0, 1, 2, 3, 5, 6], [4]]
+    assert packed[0][2].dtype == tf.float32 and packed[0][2].shape == (8 + 6 + 2 + 5 + 2 + 6,)
     for a, b in zip(unpack(packed, shapes), tensors):
         assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a.numpy(), b.numpy())  # bit for bit
+        assert a.numpy().tobytes() == b.numpy().tobytes()  # bit for bit: NaN's, -0.0's
 
 
 def test_apply_update_orders_the_version_after_the_writes_in_a_tf_function():

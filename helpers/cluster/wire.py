@@ -263,16 +263,17 @@ def declare(tf, ps_devices: list[str], cfg, shapes) -> Resources:
         )
 
 
-# integers cross the wire as float32 words (a lossless bitcast), so that a message of floats and
-# integers is one transfer; other dtypes (float16) keep a flat tensor of their own
-WORDS = {"int64": 2, "int32": 1, "float32": 1}
+# integers and float64 (the steps' time stamps) cross the wire as float32 words (a lossless
+# bitcast), so that a message of floats, integers and stamps is one transfer; other dtypes
+# (float16) keep a flat tensor of their own
+WORDS = {"int64": 2, "float64": 2, "int32": 1, "float32": 1}
 
 
 def _words(t):
     """t as a flat float32 tensor of its bits when its dtype is in WORDS, else flat as it is."""
     import tensorflow as tf
 
-    if t.dtype.name in ("int64", "int32"):
+    if t.dtype.name in ("int64", "float64", "int32"):
         t = tf.bitcast(t, tf.float32)
     return tf.reshape(t, [-1])
 
@@ -282,7 +283,7 @@ def pack_by_dtype(tensors):
 
     Every tensor crossing between devices is an RPC of its own, so a pull or a push sends one
     flat tensor per wire dtype (LeNet's parameters and version: 1 transfer instead of 8 + 1)
-    and unpacks it on arrival. float32, int32 and int64 share one float32 tensor.
+    and unpacks it on arrival. float32, int32, int64 and float64 share one float32 tensor.
     """
     import tensorflow as tf
 
@@ -303,8 +304,8 @@ def unpack(packed, shapes):
     for idx, dtypes, flat in packed:
         sizes = [int(np.prod(shapes[i])) * WORDS.get(d.name, 1) for i, d in zip(idx, dtypes)]
         for i, d, part in zip(idx, dtypes, tf.split(flat, sizes)):
-            if d.name == "int64":
-                part = tf.bitcast(tf.reshape(part, [-1, 2]), tf.int64)
+            if d.name in ("int64", "float64"):
+                part = tf.bitcast(tf.reshape(part, [-1, 2]), d)
             elif d.name == "int32":
                 part = tf.bitcast(part, tf.int32)
             out[i] = tf.reshape(part, shapes[i])

@@ -113,7 +113,9 @@ class WorkerLoop:
         """Take the token (modes that wait) and the parameters into the model; return the token
         and the stamps reached, granted, arrived."""
         token, version, reached, granted = self._take_token(wait)
-        version, token, values = self._read_params(version, token)
+        version, token, reached, granted, values = self._read_params(
+            version, token, reached, granted
+        )
         for var, value in zip(self.model.trainable_variables, values):
             var.assign(value)
         self.version_read.assign(version)
@@ -125,8 +127,8 @@ class WorkerLoop:
         """On PS task 0: take this worker's token if the mode waits (else zeros), then read the
         version; the token is taken in this call, so it costs no remote call of its own."""
         raw = tf.raw_ops
-        token = tf.zeros([len(Token._fields)], tf.int64)
-        with tf.device(self.ps_device):
+        with tf.device(self.ps_device):  # the zeros too: made here, they would cross twice
+            token = tf.zeros([len(Token._fields)], tf.int64)
             reached = tf.timestamp()  # no inputs: runs as the call reaches the PS
             after, granted = [], reached
             if wait:
@@ -141,29 +143,29 @@ class WorkerLoop:
                 version = raw.ReadVariableOp(resource=self.res.version, dtype=tf.int64)
         return token, version, reached, granted
 
-    def _read_params(self, version, token):
-        """Each PS task sends its pieces, all tasks at once (task 0 adds version and token);
-        return the version, the token and the whole variables as they arrived here."""
+    def _read_params(self, version, token, reached, granted):
+        """Each PS task sends its pieces, all tasks at once (task 0 adds the version, the token
+        and its two stamps, in the same transfer); return those four and the whole variables
+        as they arrived here."""
         raw, res = tf.raw_ops, self.res
         tasks, pieces = res.task_pieces(), res.pieces
+        extra = [version, token, reached, granted]  # task 0's
         packed = []
         for t, idx in enumerate(tasks):
             with tf.device(res.devices[t]), tf.control_dependencies([version]):
                 params = [raw.ReadVariableOp(resource=res.vars[i], dtype=tf.float32) for i in idx]
-                packed.append(pack_by_dtype(params + [version, token] * (t == 0)))
+                packed.append(pack_by_dtype(params + extra * (t == 0)))
         parts = [None] * len(pieces)
         with tf.device(self.here):
             for t, idx in enumerate(tasks):
-                got = unpack(
-                    packed[t],
-                    [pieces[i].shape for i in idx] + [(), (len(Token._fields),)] * (t == 0),
-                )
+                shapes = [pieces[i].shape for i in idx]
+                got = unpack(packed[t], shapes + [(), (len(Token._fields),), (), ()] * (t == 0))
                 if t == 0:
-                    *got, version, token = got
+                    got, extra = got[: len(idx)], got[len(idx) :]
                 for i, value in zip(idx, got):
                     parts[i] = value
             values = wire.join(parts, pieces, lambda v: tf.concat(v, 0))
-        return version, token, values
+        return (*extra, values)
 
     def _compute(self, x, y, arrived):
         """The gradient of a local batch, added to the push's sum (Downpour: the local copy
