@@ -101,8 +101,8 @@ class WorkerLoop:
             else:
                 token = tf.zeros([len(Token._fields)], tf.int64)
                 arrived = granted = reached = _stamp()
-            loss, computed = self._compute(x, y, arrived)
-            pushed = self._push(local_step, computed) if push else computed
+            loss, computed, grads = self._compute(x, y, arrived)
+            pushed = self._push(local_step, computed, grads) if push else computed
             stamps = tf.stack([reached, granted, arrived, computed, pushed])
             return loss, self.version_read.read_value(), token, stamps
 
@@ -168,22 +168,26 @@ class WorkerLoop:
         return (*extra, values)
 
     def _compute(self, x, y, arrived):
-        """The gradient of a local batch, added to the push's sum (Downpour: the local copy
-        trained too); return the loss and the stamp computed."""
-        variables = self.model.trainable_variables
+        """The gradient of a local batch, added to the push's sum when pushes are n_push > 1
+        steps apart (Downpour: the local copy trained too); return the loss, the stamp
+        computed, and what a push in this step sends: the gradient, or the sum's mean."""
+        variables, n_push = self.model.trainable_variables, self.cfg.n_push
         with tf.control_dependencies([arrived]), tf.GradientTape() as tape:  # stamps in order
             loss = self.loss_fn(y, self.model(x, training=True))
         grads = tape.gradient(loss, variables)
-        summed = [a.assign_add(g) for a, g in zip(self.acc, grads)]
+        done = list(grads)  # one step a push: the gradient itself, no sum to keep
+        if n_push > 1:
+            done = [a.assign_add(g) for a, g in zip(self.acc, grads)]
         if self.cfg.n_fetch > 1:  # Downpour: keep training the local copy between fetches
-            summed += [var.assign_sub(self.cfg.lr * g) for var, g in zip(variables, grads)]
-        with tf.control_dependencies(summed):
-            computed = _stamp()  # the gradient is computed and added up here
-        return loss, computed
+            done += [var.assign_sub(self.cfg.lr * g) for var, g in zip(variables, grads)]
+        with tf.control_dependencies(done):
+            computed = _stamp()  # the gradient is computed (and added up) here
+            sent = grads if n_push == 1 else [a.read_value() / n_push for a in self.acc]
+        return loss, computed, sent
 
-    def _push(self, local_step, computed):
-        """Send the summed gradient, each PS task its pieces, as the mode delivers it; zero the
-        sum; return the stamp pushed (the PS holds the push; async: has applied it)."""
+    def _push(self, local_step, computed, grads):
+        """Send `grads`, each PS task its pieces, as the mode delivers it; zero the sum (if
+        any); return the stamp pushed (the PS holds the push; async: has applied it)."""
         kind = tf.where(
             local_step < 0, tf.constant(WARMUP, tf.int64), tf.constant(GRAD, tf.int64)
         )  # step -1: the warm-up's push
@@ -195,19 +199,21 @@ class WorkerLoop:
                 kind=kind,
             )
         )
-        meta, arrived_at = self._send_pieces(meta)
+        meta, arrived_at = self._send_pieces(meta, grads)
         sent = self._deliver(meta, arrived_at, local_step)
         with tf.control_dependencies([sent, computed]):
             pushed = _stamp()  # the PS holds the push (async: has applied it)
-        for a in self.acc:
-            a.assign(tf.zeros_like(a))
+        if self.cfg.n_push > 1:
+            with tf.control_dependencies(grads):
+                for a in self.acc:
+                    a.assign(tf.zeros_like(a))
         return pushed
 
-    def _send_pieces(self, meta):
-        """Compress each PS task's pieces apart, on this worker, and send them (task 0: after
-        the header); return the header and, per PS task, the tensors that arrived there."""
+    def _send_pieces(self, meta, grads):
+        """Compress each PS task's pieces of `grads` apart, on this worker, and send them (task
+        0: after the header); return the header and, per PS task, what arrived there."""
         res, tasks, residual = self.res, self.res.task_pieces(), self.residual
-        grad_parts = wire.split([a / self.cfg.n_push for a in self.acc], res.pieces)
+        grad_parts = wire.split(grads, res.pieces)
         with tf.device(self.here):
             packed = [
                 pack_by_dtype(
