@@ -79,3 +79,59 @@ def test_apply_update_orders_the_version_after_the_writes_in_a_tf_function():
     assert int(v) == 1
     np.testing.assert_allclose(values[0].numpy(), [0.5] * 3)
     np.testing.assert_allclose(values[1].numpy(), [-0.5] * 2)
+
+
+@pytest.mark.parametrize("n_push", [1, 2])
+def test_an_async_worker_applies_the_mean_of_its_gradients_then_starts_a_new_sum(n_push):
+    """The worker's step function, with this process's CPU as the PS's device: each push
+    applies -lr times the mean of the gradients since the last push (n_push = 1: the
+    gradient itself), each on the parameters pulled in its step, and the next sum starts
+    from zero (Downpour, n_push = 2: a sum not zeroed would push the first pair again)."""
+    import keras
+
+    from helpers.cluster import protocol, wire
+    from helpers.cluster.worker import WorkerLoop
+    from helpers.training import models
+
+    here = tf.Variable(0.0).device  # this process's CPU, as the PS's device
+    cfg = protocol.RunConfig(
+        workers=1, n_push=n_push, lr=0.5, batch_size=8, run_id=f"apply-n{n_push}", worker_ids=[0]
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4 * 8, 6)).astype(np.float32)
+    y = rng.integers(0, 3, size=4 * 8)
+    model = models.build("logreg", (6,), 3, 0)
+    start = [v.numpy() for v in model.trainable_variables]
+    res = wire.declare(tf, [here], cfg, [w.shape for w in start])
+    for h, w in zip(res.vars, start):
+        tf.raw_ops.AssignVariableOp(resource=h, value=tf.constant(w))
+    for h, w in zip(res.velocity, start):
+        tf.raw_ops.AssignVariableOp(resource=h, value=tf.zeros(w.shape))
+    tf.raw_ops.AssignVariableOp(resource=res.version, value=tf.constant(0, tf.int64))
+    tf.raw_ops.QueueEnqueueManyV2(
+        handle=res.tickets, components=[tf.range(4, dtype=tf.int64), tf.fill([4], 0.5)]
+    )
+    node = type("Node", (), {"task": 0, "ps_device": here})()
+    loop = WorkerLoop(node, cfg, None, model, res, x, y)
+
+    reference = models.build("logreg", (6,), 3, 0)  # the expected update, computed apart
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    expected, grads = [w.copy() for w in start], []
+    for s in range(4):
+        xb, yb = x[8 * s : 8 * s + 8], y[8 * s : 8 * s + 8]
+        push = (s + 1) % n_push == 0
+        loop.step(xb, yb, tf.constant(s, tf.int64), True, push, False)
+        for var, w in zip(reference.trainable_variables, expected):  # the step's pull
+            var.assign(w)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, reference(xb, training=True))
+        grads.append([g.numpy() for g in tape.gradient(loss, reference.trainable_variables)])
+        if push:
+            mean = [sum(g[i] for g in grads) / n_push for i in range(len(start))]
+            expected = [w - 0.5 * m for w, m in zip(expected, mean)]
+            grads = []
+            on_ps = [tf.raw_ops.ReadVariableOp(resource=h, dtype=tf.float32) for h in res.vars]
+            for got, want in zip(on_ps, expected):
+                np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+            assert all(not a.numpy().any() for a in loop.acc)  # the next sum starts at zero
+    assert int(tf.raw_ops.ReadVariableOp(resource=res.version, dtype=tf.int64)) == 4 // n_push
