@@ -62,9 +62,19 @@ def test_a_steps_stamps_are_put_on_the_drivers_clock_each_by_its_own_clock(tmp_p
 
 
 def test_the_ssh_command_quotes_what_it_forwards():
-    env = {"LABS_QUICK": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": "/root", "LABS_LIFELINE": "3:9"}
+    env = {
+        "LABS_QUICK": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "HOME": "/root",
+        "LABS_LIFELINE": "3:9",
+        "TMPDIR": "/runs/cluster-1/tmp",  # the cluster's (nodes.py): TF's files go there
+    }
     forwarded = remote.forwarded_env(env)
-    assert forwarded == {"LABS_QUICK": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    assert forwarded == {
+        "LABS_QUICK": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TMPDIR": "/runs/cluster-1/tmp",
+    }
     cmd = remote.ssh_command(
         "me@lab 1", ["python", "-c", "print('a b')"], cwd="/my repo", env={"LABS_X": "a b"}
     )

@@ -61,7 +61,7 @@ class Nodes:
         self.clocks: dict[str, clock.OffsetEstimate] = {}  # remote process -> its clock
         self.heard: dict[str, float] = {}  # remote process -> when it last answered
         self._stop = threading.Event()
-        self.tmp: Path | None = None  # TMPDIR of the processes on this machine
+        self.tmp: Path | None = None  # TMPDIR of every node: the cluster's folder/tmp
         self.server: forkserver.ForkServer | None = None  # forks them, on Linux
 
     def spec(self, jobs, folder: Path, local_ps_ports) -> dict[str, list[str]]:

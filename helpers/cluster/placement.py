@@ -287,7 +287,13 @@ class Slurm(Hosts):
         hostfile, tasks = folder / "slurm-hosts", folder / "slurm-tasks.json"
         hostfile.write_text("".join(f"{hosts[n]}\n" for n in names))
         first = envs[names[0]]
-        common = {k: v for k, v in first.items() if all(envs[n].get(k) == v for n in names)}
+        # TMPDIR in each task's own variables, which the task sets last: a site's task
+        # prolog may set its own in the step's environment
+        common = {
+            k: v
+            for k, v in first.items()
+            if k != "TMPDIR" and all(envs[n].get(k) == v for n in names)
+        }
         files.write_json(
             tasks,
             [

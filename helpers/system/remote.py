@@ -48,7 +48,8 @@ SSH_OPTIONS = [
 ]
 # what a node on another host needs of the driver's environment: the course's settings, TF's
 FORWARDED_PREFIXES = ("LABS_", "TF_")
-FORWARDED = ("PYTHONUNBUFFERED", "MALLOC_ARENA_MAX", "TMPDIR")  # TMPDIR: the cluster's own
+# and TMPDIR, which the caller sets to a folder every host sees (nodes.py: the cluster's)
+FORWARDED = ("PYTHONUNBUFFERED", "MALLOC_ARENA_MAX", "TMPDIR")
 NOT_FORWARDED = ("LABS_LIFELINE",)  # a file descriptor of this machine's
 
 
