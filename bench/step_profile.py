@@ -16,6 +16,9 @@ back, and the gradient, push and read-back as one call: the floor of an async st
 computes on parameters older than the last update, timed against one process's step in
 alternating blocks for the ceiling of the async_1w ratios. Part 2's server is not in a private
 network namespace: the measuring process must reach it.
+Part 3 times the step's stamps: async on one worker + PS with the stamps (tf.timestamp() reads,
+the default) and with them replaced by constants (LABS_BENCH_NO_STAMPS=1, for this comparison
+only), two clusters, their runs alternating, the order swapped each round.
 Writes runs/bench/step_profile.json and prints a markdown table.
 Usage: python -m bench.step_profile [--quick]
 """
@@ -54,21 +57,9 @@ def engine_steps(steps: dict, rounds: int = 3) -> dict:
             rows = []
             for _ in range(rounds):
                 one_ms = 1000 / one_process(model, n)
-                run = c.train(
-                    mode="async",
-                    model=model,
-                    steps=n,
-                    lr=LR[model],
-                    batch_size=BATCH,
-                    train_size=TRAIN_SIZE,
-                    test_size=500,
-                    progress=False,
-                    seed=0,
-                )
-                ev = run.events
-                st = ev[ev.kind == "step"].sort_values("t").iloc[10:]  # after the first steps
-                interval = st.t.diff().dropna()
-                rows.append((one_ms, ms(interval), ms(st.compute_s), run.summary()["steps_per_s"]))
+                run = _async_run(c, model, n)
+                step_ms, compute_ms = _step_ms(run)
+                rows.append((one_ms, step_ms, compute_ms, run.summary()["steps_per_s"]))
             one, step, function, rate = (statistics.median(r[k] for r in rows) for k in range(4))
             out[model] = {
                 "step_ms": step,
@@ -80,6 +71,61 @@ def engine_steps(steps: dict, rounds: int = 3) -> dict:
                 "rounds": rounds,
             }
     return out
+
+
+def _async_run(cluster, model: str, n: int):
+    """The benchmark's async run: `n` updates of `model`, the workload's settings."""
+    return cluster.train(
+        mode="async",
+        model=model,
+        steps=n,
+        lr=LR[model],
+        batch_size=BATCH,
+        train_size=TRAIN_SIZE,
+        test_size=500,
+        progress=False,
+        seed=0,
+    )
+
+
+def _step_ms(run) -> tuple[float, float]:
+    """Median ms between a run's worker steps (after its first 10), and of their step call."""
+    ev = run.events
+    st = ev[ev.kind == "step"].sort_values("t").iloc[10:]
+    return ms(st.t.diff().dropna()), ms(st.compute_s)
+
+
+def stamp_cost(steps: dict, rounds: int) -> dict:
+    """Per model: median ms of an async step (1 worker) with the step's stamps and without
+    (constants instead: worker.NO_STAMPS_ENV), two clusters, runs alternating, and the
+    median of the rounds' differences."""
+    from helpers.cluster.worker import NO_STAMPS_ENV
+
+    clusters = {}
+    try:
+        for stamped in (True, False):
+            os.environ.pop(NO_STAMPS_ENV, None)
+            if not stamped:
+                os.environ[NO_STAMPS_ENV] = "1"  # read by the nodes as they start
+            clusters[stamped] = LocalCluster(workers=1, isolate="auto").start()
+        os.environ.pop(NO_STAMPS_ENV, None)
+        out = {}
+        for model, n in steps.items():
+            got = {True: [], False: []}
+            for r in range(rounds):
+                for stamped in (True, False) if r % 2 == 0 else (False, True):
+                    got[stamped].append(_step_ms(_async_run(clusters[stamped], model, n))[0])
+            out[model] = {
+                "stamped_step_ms": statistics.median(got[True]),
+                "unstamped_step_ms": statistics.median(got[False]),
+                "stamps_ms": statistics.median(a - b for a, b in zip(got[True], got[False])),
+                "rounds": rounds,
+            }
+        return out
+    finally:
+        os.environ.pop(NO_STAMPS_ENV, None)
+        for c in clusters.values():
+            c.stop()
 
 
 def remote_costs(repeats: int) -> dict:
@@ -254,6 +300,7 @@ def main() -> None:
     out = {"machine_cores": os.cpu_count(), "load_average_start": os.getloadavg()}
     out["engine_async_1w"] = engine_steps(steps, 2 if args.quick else 3)
     out["remote_costs"] = remote_costs(100 if args.quick else 400)
+    out["stamps"] = stamp_cost(steps, 4 if args.quick else 8)
     out["load_average_end"] = os.getloadavg()
     files.write_json(config.runs_dir("bench") / "step_profile.json", out, indent=1)
     print(
@@ -281,6 +328,13 @@ def main() -> None:
             f"\nceiling of async_1w_{model}_vs_one_process for a staleness-free step: "
             f"{ceiling:.2f}; the engine, timed alternating with one process: {of_one:.2f} of "
             f"one process, {of_one / ceiling:.2f} of the ceiling"
+        )
+    print("\n| model | step ms with the stamps | without | the stamps' cost (median of rounds) |")
+    print("| --- | ---: | ---: | ---: |")
+    for m, e in out["stamps"].items():
+        print(
+            f"| {m} | {e['stamped_step_ms']:.2f} | {e['unstamped_step_ms']:.2f} | "
+            f"{e['stamps_ms']:+.2f} ms over {e['rounds']} rounds |"
         )
     print("\nload average at start and end:", out["load_average_start"], out["load_average_end"])
 

@@ -36,10 +36,24 @@ from helpers.cluster.wire import (
 from helpers.system import clock
 from helpers.training import compression
 
+# For bench.step_profile's comparison only: the step's stamps are constants (0) instead of
+# tf.timestamp() reads, so that a run with them and one without can be timed side by side
+# (read as the step is traced, in the node's own environment)
+NO_STAMPS_ENV = "LABS_BENCH_NO_STAMPS"
+
 
 def _stamp():
     """tf.timestamp() on this worker's clock, as clock.now() reads it (traced into the step)."""
+    if os.environ.get(NO_STAMPS_ENV) == "1":
+        return tf.constant(0.0, tf.float64)
     return tf.timestamp() + clock.SHIFT if clock.SHIFT else tf.timestamp()
+
+
+def _ps_stamp():
+    """tf.timestamp() where the op is placed (on the PS: the PS's clock), traced into the step."""
+    if os.environ.get(NO_STAMPS_ENV) == "1":
+        return tf.constant(0.0, tf.float64)
+    return tf.timestamp()
 
 
 class WorkerLoop:
@@ -129,7 +143,7 @@ class WorkerLoop:
         raw = tf.raw_ops
         with tf.device(self.ps_device):  # the zeros too: made here, they would cross twice
             token = tf.zeros([len(Token._fields)], tf.int64)
-            reached = tf.timestamp()  # no inputs: runs as the call reaches the PS
+            reached = _ps_stamp()  # no inputs: runs as the call reaches the PS
             after, granted = [], reached
             if wait:
                 token = raw.QueueDequeueV2(
@@ -137,7 +151,7 @@ class WorkerLoop:
                 )[0]
                 after = [token]
                 with tf.control_dependencies([token, reached]):
-                    granted = tf.timestamp()  # on the PS: the token is taken
+                    granted = _ps_stamp()  # on the PS: the token is taken
             # the version first: the parameters read after it hold at least its updates
             with tf.control_dependencies(after + [granted]):
                 version = raw.ReadVariableOp(resource=self.res.version, dtype=tf.int64)
