@@ -42,18 +42,16 @@ from helpers.training import compression
 NO_STAMPS_ENV = "LABS_BENCH_NO_STAMPS"
 
 
-def _stamp():
-    """tf.timestamp() on this worker's clock, as clock.now() reads it (traced into the step)."""
-    if os.environ.get(NO_STAMPS_ENV) == "1":
-        return tf.constant(0.0, tf.float64)
-    return tf.timestamp() + clock.SHIFT if clock.SHIFT else tf.timestamp()
-
-
 def _ps_stamp():
     """tf.timestamp() where the op is placed (on the PS: the PS's clock), traced into the step."""
     if os.environ.get(NO_STAMPS_ENV) == "1":
         return tf.constant(0.0, tf.float64)
     return tf.timestamp()
+
+
+def _stamp():
+    """tf.timestamp() on this worker's clock, as clock.now() reads it (traced into the step)."""
+    return _ps_stamp() + clock.SHIFT if clock.SHIFT else _ps_stamp()
 
 
 class WorkerLoop:
@@ -64,8 +62,10 @@ class WorkerLoop:
         self.model, self.res, self.x, self.y = model, res, x, y
         self.ps_device = node.ps_device  # PS task 0: the protocol's queues and counters
         self.downpour = protocol.Downpour(cfg.n_fetch, cfg.n_push)
+        # the push's sum, kept only when pushes are n_push > 1 steps apart (Downpour)
         self.acc = [
-            tf.Variable(tf.zeros(v.shape), trainable=False) for v in model.trainable_variables
+            tf.Variable(tf.zeros(v.shape), trainable=False)
+            for v in (model.trainable_variables if cfg.n_push > 1 else [])
         ]
         self.version_read = tf.Variable(tf.constant(0, tf.int64), trainable=False)
         self.rng = np.random.default_rng([cfg.seed, node.task])
@@ -78,7 +78,7 @@ class WorkerLoop:
             if self.comp.feedback
             else None
         )
-        self.here = self.acc[0].device  # this worker's CPU (acc: local tf.Variables)
+        self.here = self.version_read.device  # this worker's CPU (a local tf.Variable's)
         self.bytes = compression.Float32().bytes_for(shapes)  # one pull: float32 parameters
         self.bytes_push = sum(
             self.comp.bytes_for([res.pieces[i].shape for i in idx]) for idx in res.task_pieces()
@@ -190,7 +190,7 @@ class WorkerLoop:
             loss = self.loss_fn(y, self.model(x, training=True))
         grads = tape.gradient(loss, variables)
         done = list(grads)  # one step a push: the gradient itself, no sum to keep
-        if n_push > 1:
+        if self.acc:  # Downpour's sum
             done = [a.assign_add(g) for a, g in zip(self.acc, grads)]
         if self.cfg.n_fetch > 1:  # Downpour: keep training the local copy between fetches
             done += [var.assign_sub(self.cfg.lr * g) for var, g in zip(variables, grads)]
@@ -217,10 +217,8 @@ class WorkerLoop:
         sent = self._deliver(meta, arrived_at, local_step)
         with tf.control_dependencies([sent, computed]):
             pushed = _stamp()  # the PS holds the push (async: has applied it)
-        if self.cfg.n_push > 1:
-            with tf.control_dependencies(grads):
-                for a in self.acc:
-                    a.assign(tf.zeros_like(a))
+        for a in self.acc:  # after its read in _compute (the same variable: in program order)
+            a.assign(tf.zeros_like(a))
         return pushed
 
     def _send_pieces(self, meta, grads):
