@@ -55,15 +55,16 @@ def _check_level(name: str, level: float) -> None:
         raise ValueError(f"{name}: level {level!r} must be in [0.5, 1), for example 0.9")
 
 
-def _not_rejected(points: np.ndarray, p_value, level: float) -> tuple[float, float]:
+def _not_rejected(points: np.ndarray, p_values, level: float) -> tuple[float, float]:
     """The shifts a test does not reject at 1 - level, as (low, high), infinite when unbounded.
 
     A rank test's p-value changes only at `points` (the pairwise differences, or the Walsh
-    averages), so one shift in each gap between them decides the whole gap."""
+    averages), so one shift in each gap between them decides the whole gap. `p_values` maps
+    an array of shifts to the test's p-value at each (one vectorised SciPy call)."""
     points = np.sort(points)
     edges = np.concatenate(([points[0] - 1.0], (points[:-1] + points[1:]) / 2, [points[-1] + 1]))
     # exact p-values are fractions: 1/10 must reject at 90 %, whatever its rounding
-    ok = [bool(p_value(s) > 1 - level + 1e-9) for s in edges]
+    ok = [bool(p > 1 - level + 1e-9) for p in np.asarray(p_values(edges), dtype=float)]
     if not any(ok):  # cannot happen for level < 1; kept as a clear failure, not a wrong interval
         raise ValueError(f"compare: no shift is accepted at level {level}")
     first = ok.index(True)
@@ -77,10 +78,13 @@ def _interval(log_a: np.ndarray, log_b: np.ndarray, level: float) -> tuple[float
     """The shifts of log a that SciPy's exact two-sided Mann-Whitney test does not reject."""
     from scipy.stats import mannwhitneyu
 
-    def p_value(shift: float) -> float:
-        return mannwhitneyu(log_a - shift, log_b, alternative="two-sided", method="exact").pvalue
+    def p_values(shifts: np.ndarray) -> np.ndarray:  # a row of log a - shift per shift
+        rows = log_a[None, :] - shifts[:, None]
+        return mannwhitneyu(
+            rows, log_b[None, :], alternative="two-sided", method="exact", axis=1
+        ).pvalue
 
-    return _not_rejected(np.subtract.outer(log_a, log_b).ravel(), p_value, level)
+    return _not_rejected(np.subtract.outer(log_a, log_b).ravel(), p_values, level)
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,10 @@ def _paired_interval(d: np.ndarray, level: float) -> tuple[float, float]:
     """The shifts of the differences SciPy's exact Wilcoxon signed-rank test does not reject."""
     from scipy.stats import wilcoxon
 
-    return _not_rejected(_walsh(d), lambda s: wilcoxon(d - s, method="exact").pvalue, level)
+    def p_values(shifts: np.ndarray) -> np.ndarray:  # a row of d - shift per shift
+        return wilcoxon(d[None, :] - shifts[:, None], method="exact", axis=1).pvalue
+
+    return _not_rejected(_walsh(d), p_values, level)
 
 
 @dataclass(frozen=True)
