@@ -258,6 +258,24 @@ def outcome(course):
     }
 
 
+def of_students(out: dict, students: list[str]) -> dict:
+    """outcome() with only these students: their rows of grades.csv, their pairs' lines of the
+    report (a pair's line and its notes), their feedback files and gradebook entries."""
+    header, *rows = out["grades.csv"].splitlines(keepends=True)
+    report, keep = [], False
+    for line in out["report"]:
+        if not line.startswith(" "):  # a pair's line: "<student> <notebook> points"
+            keep = line.split()[0] in students
+        if keep:
+            report.append(line)
+    return {
+        "grades.csv": header + "".join(r for r in rows if r.split(",")[0] in students),
+        "report": report,
+        "feedback": {k: v for k, v in out["feedback"].items() if k.split("/")[0] in students},
+        "gradebook": [e for e in out["gradebook"] if e[0] in students],
+    }
+
+
 def same_feedback(got: dict, want: dict) -> None:
     """Assert two gradings left the same feedback; on a difference, show where."""
     assert sorted(got) == sorted(want)
@@ -274,10 +292,17 @@ def same_feedback(got: dict, want: dict) -> None:
             raise AssertionError(f"feedback {name} differs:\n" + "\n".join(list(diff)[:60]))
 
 
+# The students the sharded grading grades: between them every way a pair ends that merging
+# handles (graded, not handed in, not a notebook, a kernel that died), a renamed notebook, and
+# both lessons; ada's and bob's pairs end as graded, as dan's and eve's do.
+SHARDED = ["cora", "dan", "eve"]
+
+
 def test_two_shards_each_one_at_a_time_merged_equal_grading_two_at_once(graded, tmp_path):
     """Two shards, graded as separate processes at the same time, each one notebook at a
-    time, then merged: the same grades, report, gradebook and feedback as the fixture's
-    grading, which graded everything in one process, two notebooks at once."""
+    time, then merged: for the students they grade, the same grades, report, gradebook and
+    feedback as the fixture's grading, which graded everything in one process, two notebooks
+    at once."""
     where = tmp_path / "course"
     cmd = [
         sys.executable,
@@ -293,6 +318,8 @@ def test_two_shards_each_one_at_a_time_merged_equal_grading_two_at_once(graded, 
         "60",
         "--jobs",
         "1",
+        "--students",
+        ",".join(SHARDED),
     ]
     # as a Slurm array task and a Kubernetes Indexed Job pod would run them: SHARD=2 names
     # the number of shards, the index comes from the scheduler's variable
@@ -339,7 +366,9 @@ def test_two_shards_each_one_at_a_time_merged_equal_grading_two_at_once(graded, 
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert "merged 2 shard(s): 0-of-2, 1-of-2" in merged.stdout
     assert not (where / "shards" / "0-of-2").exists()
-    got, want = outcome(where), graded["outcome"]
+    got, want = outcome(where), of_students(graded["outcome"], SHARDED)
+    assert {e[0] for e in got["gradebook"]} == set(SHARDED)
+    assert got == of_students(got, SHARDED)  # no other student's grade came into the course
     for key in ("grades.csv", "report", "gradebook"):
         assert got[key] == want[key], key
     same_feedback(got["feedback"], want["feedback"])
