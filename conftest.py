@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -79,6 +81,20 @@ def _cpu_seconds() -> float:
     )
 
 
+_SESSION_TMP: list[str] = []
+
+
+def pytest_sessionstart(session):
+    """Give the processes the tests start (kernels, clusters, TF subprocesses) a temporary
+    folder of this session's, removed at its end. TF writes a file per traced function into
+    the temporary folder and removes it only when its process exits normally; a kernel or
+    node that a test ends with a signal would leave its files in /tmp. This process keeps its
+    own temporary folder (pytest's tmp_path lives there and is kept as pytest keeps it)."""
+    tempfile.gettempdir()  # this process's, fixed before TMPDIR changes for its children
+    _SESSION_TMP.append(tempfile.mkdtemp(prefix="labs-tests-"))
+    os.environ["TMPDIR"] = _SESSION_TMP[-1]
+
+
 _PHASE_START = pytest.StashKey[float]()
 
 
@@ -146,6 +162,12 @@ def _left_running() -> list[str]:
     return lines
 
 
+def _remove_session_tmp() -> None:
+    """Remove the session's temporary folder (pytest_sessionstart), once its processes ended."""
+    while _SESSION_TMP:
+        shutil.rmtree(_SESSION_TMP.pop(), ignore_errors=True)
+
+
 _WORKERS_LEFT: list[str] = []
 
 
@@ -162,9 +184,11 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if hasattr(config, "workerinput"):  # an xdist worker
         config.workeroutput["left_running"] = _left_running()
+        _remove_session_tmp()
         return
     controller = config.pluginmanager.has_plugin("dsession")
     lines = _WORKERS_LEFT if controller else _left_running()
+    _remove_session_tmp()
     if not lines:
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
