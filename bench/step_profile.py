@@ -102,13 +102,12 @@ def stamp_cost(steps: dict, rounds: int) -> dict:
     from helpers.cluster.worker import NO_STAMPS_ENV
 
     clusters = {}
-    try:
-        for stamped in (True, False):
-            os.environ.pop(NO_STAMPS_ENV, None)
-            if not stamped:
-                os.environ[NO_STAMPS_ENV] = "1"  # read by the nodes as they start
-            clusters[stamped] = LocalCluster(workers=1, isolate="auto").start()
+    try:  # a node keeps the environment it started with, and reads the switch in it as it traces
         os.environ.pop(NO_STAMPS_ENV, None)
+        clusters[True] = LocalCluster(workers=1, isolate="auto").start()
+        os.environ[NO_STAMPS_ENV] = "1"
+        clusters[False] = LocalCluster(workers=1, isolate="auto").start()
+        os.environ.pop(NO_STAMPS_ENV)
         out = {}
         for model, n in steps.items():
             got = {True: [], False: []}
