@@ -71,8 +71,9 @@ class _Watch:
     board: Dashboard | None
     results: dict = field(default_factory=dict)
     ps_error: str | None = None  # a protocol error the PS reported (the cluster lives on)
+    since: float = field(default_factory=time.time)  # before this attempt's RUN was sent
+    started: bool = False  # PS task 0 logged this attempt's START (after `since`)
     joined: bool = False  # every worker has traced its step and joined, in this attempt
-    since: float = field(default_factory=lambda: time.time() - 1.0)  # this attempt's start
     last_progress: float = field(default_factory=time.monotonic)
 
 
@@ -338,12 +339,13 @@ class LocalCluster:
             pids, ps_pids = {}, {}
             RunDir(run_dir).write_clock_offsets(self.nodes.clock_offsets())
         self.log_starts = {name: _size(proc.log_path) for name, proc in self.procs.items()}
+        since = time.time()  # this attempt's START and JOINED are logged after it
         for proc in self.procs.values():
             if proc.died() is None:
                 proc.send(command(Cmd.RUN, config=str(cfg_path), worker_pids=pids, ps_pids=ps_pids))
-        return self._watch(cfg, run_dir, progress)
+        return self._watch(cfg, run_dir, progress, since)
 
-    def _watch(self, cfg, run_dir, progress) -> Run:
+    def _watch(self, cfg, run_dir, progress, since: float) -> Run:
         """Route messages and watch deaths and progress until every process is done."""
         from helpers.system.resources import ResourceMonitor
 
@@ -355,7 +357,10 @@ class LocalCluster:
                 status=lambda: self._worker_status(cfg),
             )
         watch = _Watch(
-            {n for n, p in self.procs.items() if p.died() is None}, RunDir(run_dir).tail(), board
+            {n for n, p in self.procs.items() if p.died() is None},
+            RunDir(run_dir).tail(),
+            board,
+            since=since,
         )
         lo_before = self.loopback_bytes()
         t0 = time.perf_counter()
@@ -429,14 +434,19 @@ class LocalCluster:
     def _check_progress(self, cfg, watch: _Watch) -> None:
         """Feed the dashboard with new events; fail the run when none came for too long.
 
-        Until the workers join in this attempt (tracing is slow on a busy machine; a resumed
-        run's log also holds an earlier attempt's JOINED) start_timeout, then stall_timeout.
+        Until the workers join in this attempt (tracing is slow on a busy machine) start_timeout,
+        then stall_timeout. A resumed run's log also holds earlier attempts' START and JOINED,
+        however recent: this attempt's JOINED is the one PS task 0 logs after this attempt's
+        START, which it logs after the RUN sent at `watch.since`.
         """
         events = watch.tail.read()
         if events:
             watch.last_progress = time.monotonic()
-            joined = [e for e in events if e["kind"] == Kind.JOINED and e["t"] >= watch.since]
-            watch.joined = watch.joined or bool(joined)
+            for e in events:  # PS task 0's events in the order it wrote them
+                if e["source"] == "ps-0" and e["kind"] == Kind.START and e["t"] >= watch.since:
+                    watch.started = True
+                elif e["kind"] == Kind.JOINED and watch.started:
+                    watch.joined = True
         if watch.board:  # with no new events still redrawn (a silent worker may be hung)
             watch.board.update(events)
         if events:
