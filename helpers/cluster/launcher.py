@@ -16,17 +16,16 @@ import subprocess
 import sys
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import config
 from helpers.cluster import protocol
 from helpers.cluster.dashboard import Dashboard
-from helpers.cluster.events import Kind
 from helpers.cluster.nodes import Nodes
 from helpers.cluster.placement import HostError
 from helpers.cluster.run import Run
-from helpers.cluster.rundir import EventTail, RunDir, write_cluster
+from helpers.cluster.rundir import RunDir, write_cluster
+from helpers.cluster.watch import RunWatch
 from helpers.system import netns, resources
 from helpers.system.control import Cmd, Event, command
 from helpers.system.processes import (
@@ -60,21 +59,6 @@ def _size(path: Path) -> int:
         return Path(path).stat().st_size
     except OSError:
         return 0
-
-
-@dataclass
-class _Watch:
-    """What the launcher knows about the run it is watching."""
-
-    waiting: set  # processes that have not reported done
-    tail: EventTail
-    board: Dashboard | None
-    results: dict = field(default_factory=dict)
-    ps_error: str | None = None  # a protocol error the PS reported (the cluster lives on)
-    since: float = field(default_factory=time.time)  # before this attempt's RUN was sent
-    started: bool = False  # PS task 0 logged this attempt's START (after `since`)
-    joined: bool = False  # every worker has traced its step and joined, in this attempt
-    last_progress: float = field(default_factory=time.monotonic)
 
 
 class LocalCluster:
@@ -356,12 +340,8 @@ class LocalCluster:
                 progress if isinstance(progress, str) else "auto",
                 status=lambda: self._worker_status(cfg),
             )
-        watch = _Watch(
-            {n for n, p in self.procs.items() if p.died() is None},
-            RunDir(run_dir).tail(),
-            board,
-            since=since,
-        )
+        waiting = {n for n, p in self.procs.items() if p.died() is None}
+        watch = RunWatch(waiting, RunDir(run_dir).tail(), board, since)
         lo_before = self.loopback_bytes()
         t0 = time.perf_counter()
         with ResourceMonitor(list(self.pids.values()), interval=0.5, pss_every=2.0) as monitor:
@@ -396,7 +376,7 @@ class LocalCluster:
         run.cpu_samples = {names.get(pid, pid): v for pid, v in monitor.cpu_times.items()}
         return run
 
-    def _route(self, cfg, watch: _Watch, name: str | None, msg: dict) -> None:
+    def _route(self, cfg, watch: RunWatch, name: str | None, msg: dict) -> None:
         """Act on one message of a process: done, or an error."""
         if msg.get("event") == Event.ERROR and name == "ps:0":
             # a protocol error (e.g. a lost worker in sync mode): the PS has closed the run's
@@ -431,31 +411,16 @@ class LocalCluster:
             ps is not None and is_stopped(ps.pid),
         )
 
-    def _check_progress(self, cfg, watch: _Watch) -> None:
-        """Feed the dashboard with new events; fail the run when none came for too long.
-
-        Until the workers join in this attempt (tracing is slow on a busy machine) start_timeout,
-        then stall_timeout. A resumed run's log also holds earlier attempts' START and JOINED,
-        however recent: this attempt's JOINED is the one PS task 0 logs after this attempt's
-        START, which it logs after the RUN sent at `watch.since`.
-        """
-        events = watch.tail.read()
-        if events:
-            watch.last_progress = time.monotonic()
-            for e in events:  # PS task 0's events in the order it wrote them
-                if e["source"] == "ps-0" and e["kind"] == Kind.START and e["t"] >= watch.since:
-                    watch.started = True
-                elif e["kind"] == Kind.JOINED and watch.started:
-                    watch.joined = True
+    def _check_progress(self, cfg, watch: RunWatch) -> None:
+        """Feed the dashboard with new events; fail the run when none came for too long."""
+        events = watch.read()
         if watch.board:  # with no new events still redrawn (a silent worker may be hung)
             watch.board.update(events)
-        if events:
+        overdue = None if events else watch.overdue(self.start_timeout, self.stall_timeout)
+        if overdue is None:
             return
-        limit = self.stall_timeout if watch.joined else self.start_timeout
-        if time.monotonic() - watch.last_progress <= limit:
-            return
+        limit, which = overdue
         stopped = [n for n, p in self.procs.items() if is_stopped(p.pid)]
-        which = "stall_timeout" if watch.joined else "start_timeout: workers never joined"
         self._fail(
             f"no progress for {limit:.0f} s ({which}) in run {cfg.run_id}; hung or "
             f"stopped processes: {stopped or 'none found'}",
