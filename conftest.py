@@ -141,7 +141,11 @@ def pytest_terminal_summary(terminalreporter):
 
 def _left_running() -> list[str]:
     """Processes this one started (and their children) still alive after a grace period:
-    killed, by PID (they are ours), and named."""
+    killed, by PID (they are ours), and named. This process's fork servers, which serve its
+    clusters one after another, are ended first (they would end at its exit)."""
+    from helpers.system import forkserver
+
+    forkserver.end_shared()
     me = psutil.Process()
     deadline = time.monotonic() + 10  # grace for kernels and clusters still shutting down
     survivors = me.children(recursive=True)

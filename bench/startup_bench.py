@@ -2,10 +2,12 @@
 (helpers/system/forkserver.py, the default on Linux) against spawned one by one (LABS_FORK=0),
 and against the floor: five bare `tf.distribute.Server` processes started together.
 
-Alternates the three, ROUNDS times, in this one run; each cluster is 1 PS + 4 workers (notebook
-05's largest), started, given one short async run of logistic regression, measured (the sum of
-its processes' PSS: shared pages split between the processes that map them, so the sum is what
-the cluster costs together, its fork server included), and stopped. Prints the medians and
+Alternates the three, ROUNDS times, in this one run, the forked one twice: a first cluster,
+whose fork server imports TensorFlow, and the next one, forked from the same server (a kernel's
+second cluster). Each cluster is 1 PS + 4 workers (notebook 05's largest), started, given one
+short async run of logistic regression, measured (the sum of its processes' PSS: shared pages
+split between the processes that map them, so the sum is what the cluster costs together, its
+fork server included), and stopped. Prints the medians and
 their ratios, and writes runs/bench/startup_bench.json.
 Usage: python -m bench.startup_bench [--rounds N]
 """
@@ -80,9 +82,11 @@ def main() -> None:
     args = p.parse_args()
     if not forkserver.enabled():
         sys.exit("the fork server is off on this machine (not Linux, or LABS_FORK=0)")
-    runs: dict[str, list[dict]] = {"forked": [], "spawned": [], "bare": []}
+    runs: dict[str, list[dict]] = {"forked": [], "forked again": [], "spawned": [], "bare": []}
     for i in range(args.rounds):
+        forkserver.end_shared()  # a first cluster: its fork server imports TensorFlow first
         runs["forked"].append(cluster_once(fork=True))
+        runs["forked again"].append(cluster_once(fork=True))  # the next: the same server
         runs["spawned"].append(cluster_once(fork=False))
         runs["bare"].append(bare_once())
         print(f"round {i + 1}: " + "; ".join(f"{k} {v[-1]}" for k, v in runs.items()), flush=True)
@@ -94,6 +98,8 @@ def main() -> None:
     ratios = {
         "ready_forked_vs_spawned": med["forked", "ready_s"] / med["spawned", "ready_s"],
         "ready_forked_vs_bare_servers": med["forked", "ready_s"] / med["bare", "ready_s"],
+        "ready_forked_again_vs_bare_servers": med["forked again", "ready_s"]
+        / med["bare", "ready_s"],
         "pss_forked_vs_spawned": med["forked", "pss_mb"] / med["spawned", "pss_mb"],
     }
     print(f"\n1 PS + {WORKERS} workers, median of {args.rounds} alternating rounds:")

@@ -347,8 +347,8 @@ def test_the_invariants_hold_with_three_ps_tasks(shared_data, tmp_path):
         test_backup_drop_discards_late_gradients(c, tmp_path)
         # TF's files for the functions the nodes traced: in the cluster's folder, not the
         # machine's temp folder, and gone with the cluster
+        # (a forked node's /proc environ is its fork server's: its files are what to look at)
         tmp = c.dir / "tmp"
-        assert psutil.Process(c.pids["worker:0"]).environ()["TMPDIR"] == str(tmp)
         assert list(tmp.glob("__autograph_generated_file*.py")), list(tmp.iterdir())
     assert not tmp.exists(), list(tmp.iterdir())
 

@@ -39,10 +39,14 @@ CHILD = textwrap.dedent("""
 """)
 
 
+NS_CHILD = "import os; print(os.readlink('/proc/self/ns/net'), flush=True)"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("forkserver")
     (folder / "labs_child.py").write_text(CHILD)
+    (folder / "labs_ns_child.py").write_text(NS_CHILD)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), *sys.path]))
     srv = forkserver.ForkServer([], env, folder / "fork-server.log")
     yield srv, env, folder
@@ -135,3 +139,68 @@ def test_clusters_fork_on_linux_unless_turned_off(monkeypatch):
     monkeypatch.setenv(forkserver.FORK_ENV, "maybe")
     with pytest.raises(ValueError, match="LABS_FORK must be one of"):
         forkserver.enabled()
+
+
+def test_a_child_joins_the_private_network_it_is_given_and_fails_clearly_without_it(server):
+    """fork(netns=holder): the child runs in the holder's network namespace, as a cluster's
+    node does (joined after the fork, the server staying where it is); a holder that is gone
+    fails the child, with the reason in its log."""
+    from helpers.system import netns
+
+    if netns.unavailable_reason():
+        pytest.skip(netns.unavailable_reason())
+    srv, env, folder = server
+    mine = os.readlink("/proc/self/ns/net")
+    cmd = [sys.executable, "-m", "labs_ns_child"]
+    with netns.PrivateNetwork(isolate=True) as net:
+        theirs = os.readlink(f"/proc/{net.pid}/ns/net")
+        for holder, expect in ((net.pid, theirs), (None, mine)):
+            with open(folder / "ns.log", "wb") as log:
+                child = srv.fork(cmd, env, log, netns=holder)
+            assert child.stdout.readline().decode().strip() == expect
+            assert child.wait(60) == 0
+        assert theirs != mine and os.readlink(f"/proc/{srv.pid}/ns/net") == mine
+        gone = net.pid
+    with open(folder / "ns.log", "wb") as log:
+        child = srv.fork(cmd, env, log, netns=gone)
+    assert child.wait(60) == 1
+    assert f"/proc/{gone}/ns/user" in (folder / "ns.log").read_text()
+
+
+def test_a_process_keeps_one_server_per_environment_until_it_ends_them(tmp_path):
+    """shared(): the same server for the same environment (a child's TMPDIR apart) and
+    preload, another for another environment, a new one for one that died; end_shared()
+    ends them all."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    env = dict(os.environ, X="1")
+    try:
+        first = forkserver.shared(env, (), tmp_path)
+        assert forkserver.shared(dict(env, TMPDIR=str(tmp_path)), (), tmp_path) is first
+        other = forkserver.shared(dict(env, X="2"), (), tmp_path)
+        assert other.pid != first.pid and forkserver.shared_pids() >= {first.pid, other.pid}
+        os.kill(first.pid, signal.SIGKILL)
+        first.popen.wait(30)
+        again = forkserver.shared(env, (), tmp_path)
+        assert again.pid not in (first.pid, other.pid) and again.popen.poll() is None
+    finally:
+        forkserver.end_shared()
+    assert forkserver.shared_pids() == set()
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_a_shared_server_without_children_ends_after_its_idle_time(tmp_path, monkeypatch):
+    """A kernel that stopped its last cluster does not keep TensorFlow's memory for long."""
+    monkeypatch.setattr(forkserver, "IDLE_S", 1.0)
+    (tmp_path / "labs_ns_child.py").write_text(NS_CHILD)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    try:
+        srv = forkserver.shared(env, (), tmp_path)
+        with open(tmp_path / "child.log", "wb") as log:
+            child = srv.fork([sys.executable, "-m", "labs_ns_child"], env, log)
+        assert child.wait(60) == 0
+        assert srv.popen.wait(15) is not None  # ended by this process, not killed
+        assert forkserver.shared_pids() == set() and not psutil.pid_exists(srv.pid)
+        again = forkserver.shared(env, (), tmp_path)  # the next cluster gets another
+        assert again.pid != srv.pid and again.popen.poll() is None
+    finally:
+        forkserver.end_shared()

@@ -9,6 +9,7 @@ import keras
 import psutil
 import pytest
 
+from helpers.system import forkserver
 from helpers.training import mirrored
 
 # trains under MirroredStrategy in child processes: `make unit` leaves it out
@@ -31,12 +32,12 @@ def _end_the_fork_server():
 
 
 def no_children_left():
-    """This process's children and theirs, but the fork server (which outlives a run)."""
-    server = mirrored._FORK_SERVER.pid if mirrored._FORK_SERVER else None
+    """This process's children and theirs, but its fork servers (which outlive a run)."""
+    servers = forkserver.shared_pids()
     return [
         p
         for p in psutil.Process().children(recursive=True)
-        if p.status() != psutil.STATUS_ZOMBIE and p.pid != server
+        if p.status() != psutil.STATUS_ZOMBIE and p.pid not in servers
     ]
 
 
@@ -49,8 +50,7 @@ def test_a_configuration_trains_in_its_own_process(shared_data, monkeypatch, for
     assert res["replicas"] == 2 and len(res["devices"]) == 2
     assert res["pid"] != os.getpid() and not psutil.pid_exists(res["pid"])
     # forked from this process's fork server (Linux), or spawned by this process
-    server = mirrored._FORK_SERVER
-    assert (server is not None and server.popen.poll() is None) == (fork == "1")
+    assert bool(forkserver.shared_pids()) == (fork == "1")
     assert res["attempts"] == 1 and res["batch"] == [64] and res["examples"] == [256]
     assert res["epoch_s"][0] > 0 and 0.0 <= res["test_acc"][0] <= 1.0
     # the epoch (Keras' epoch callbacks) is part of its fit call, which also builds and tears

@@ -166,7 +166,8 @@ class LocalCluster:
                 + [str(self.dir / "cluster.json"), "--job", job, "--task", str(task), "--control"]
                 for job, task in jobs
             }
-            self.procs.update(self.nodes.start(argv, env, self.dir, self.inbox))
+            started = self.nodes.start(argv, env, self.dir, self.inbox, netns=self.network.pid)
+            self.procs.update(started)
             self.nodes.start_pinging(self.procs)
             waiting = set(self.procs)
             deadline = time.monotonic() + self.start_timeout

@@ -62,7 +62,7 @@ class Nodes:
         self.heard: dict[str, float] = {}  # remote process -> when it last answered
         self._stop = threading.Event()
         self.tmp: Path | None = None  # TMPDIR of every node: the cluster's folder/tmp
-        self.server: forkserver.ForkServer | None = None  # forks them, on Linux
+        self.server: forkserver.ForkServer | None = None  # forks them, on Linux (shared)
 
     def spec(self, jobs, folder: Path, local_ps_ports) -> dict[str, list[str]]:
         """The engine's cluster file: the PS tasks' addresses on this machine
@@ -86,11 +86,16 @@ class Nodes:
             jobs.setdefault(name.split(":")[0], []).append(f"{self.placement.address[host]}:{port}")
         return jobs
 
-    def start(self, argv: dict, env: dict, folder: Path, inbox, envs=None) -> dict:
+    def start(
+        self, argv: dict, env: dict, folder: Path, inbox, envs=None, netns: int | None = None
+    ) -> dict:
         """Start every process where it is placed (`argv`: name -> this Python and a module's
         arguments, in starting order; `envs`: name -> the variables a process adds to `env`),
         with its lifeline: the parent's PID on this machine (--parent-pid), stdin on another
-        host (--remote). Returns ChildProcess(-like) objects by name; logs <name>.log."""
+        host (--remote). On this machine they are forked from this process's fork server for
+        them (forkserver.shared), each joining the network namespace that process `netns`
+        holds, if any; spawned with `argv`'s prefix where forking is off. Returns
+        ChildProcess(-like) objects by name; logs <name>.log."""
         logs = {n: Path(folder) / f"{n.replace(':', '-')}.log" for n in argv}
         # TF writes a file for each function it traces and deletes it only at a normal exit:
         # a node ended by a signal would leave them in its host's temp folder. The cluster's
@@ -99,17 +104,13 @@ class Nodes:
         self.tmp.mkdir(exist_ok=True)
         envs = {n: dict(env, **(envs or {}).get(n, {}), TMPDIR=str(self.tmp)) for n in argv}
         if not self.placement.remote:
-            if forkserver.enabled():  # TensorFlow imported once, each process forked
-                prefix, module, _ = forkserver.ForkServer.module_of(next(iter(argv.values())))
-                self.server = forkserver.ForkServer(
-                    prefix,
-                    dict(env, TMPDIR=str(self.tmp)),
-                    Path(folder) / "fork-server.log",
-                    (module, *PRELOAD),
-                )
+            if forkserver.enabled():  # TensorFlow imported once per process, each node forked
+                _, module, _ = forkserver.ForkServer.module_of(next(iter(argv.values())))
+                self.server = forkserver.shared(env, (module, *PRELOAD))
             parent = ["--parent-pid", str(self.server.pid if self.server else os.getpid())]
+            server = self.server.joining(netns) if self.server else None
             return {
-                n: ChildProcess(n, c + parent, envs[n], logs[n], inbox, self.server)
+                n: ChildProcess(n, c + parent, envs[n], logs[n], inbox, server)
                 for n, c in argv.items()
             }
         self.clocks = {n: clock.OffsetEstimate() for n in argv}
@@ -139,12 +140,10 @@ class Nodes:
                     pass
 
     def stop(self) -> None:
-        """Stop pinging; once the processes have ended, end their fork server and remove
-        their temporary files."""
+        """Stop pinging; once the processes have ended, remove their temporary files (their
+        fork server is this process's, and serves its next cluster)."""
         self._stop.set()
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        self.server = None
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -159,7 +159,9 @@ class TFConfigCluster:
                 job_file = job_files["server" if role in self.servers else "job"]
                 argv[name] = prefix + [sys.executable, "-m", self.module, str(job_file)]
                 envs[name] = {"TF_CONFIG": tf_config(self.cluster, role, int(index))}
-            self.procs.update(self.nodes.start(argv, env, self.dir, self.inbox, envs))
+            self.procs.update(
+                self.nodes.start(argv, env, self.dir, self.inbox, envs, self.network.pid)
+            )
             self.nodes.start_pinging(self.procs)
         except BaseException:
             self.stop()

@@ -3,14 +3,13 @@
 Every process of a cluster on this machine is `python -m <module> ...`, and each would import
 TensorFlow itself: seconds of CPU time and much of a process's memory, paid again by every
 process of the cluster, all at once on a laptop's few cores. A fork server pays it once:
-`ForkServer` starts `python -m helpers.system.forkserver` (inside the cluster's network
-namespace, through the same command prefix as its processes would use), which imports
-TensorFlow, Keras and what the processes import, and then, for each process asked for, forks a
-child that runs the module as `python -m` would. A module that fails to import in the server
-is left to the child, which fails the same way, in its own log. A forked child shares the
-imported libraries' pages with the server until it writes to them, so the cluster's memory
-(PSS) falls too; the server freezes what it imported (`gc.freeze`) before it forks, so that a
-child's garbage collections neither scan those objects nor write to their pages.
+`ForkServer` starts `python -m helpers.system.forkserver`, which imports TensorFlow, Keras and
+what the processes import, and then, for each process asked for, forks a child that runs the
+module as `python -m` would. A module that fails to import in the server is left to the child,
+which fails the same way, in its own log. A forked child shares the imported libraries' pages
+with the server until it writes to them, so the cluster's memory (PSS) falls too; the server
+freezes what it imported (`gc.freeze`) before it forks, so that a child's garbage collections
+neither scan those objects nor write to their pages.
 
 Forking after `import tensorflow` is safe here because the import starts no TensorFlow runtime:
 each child builds its own (its server, its eager context) after the fork, as a fresh process
@@ -25,13 +24,24 @@ which the server holds too, and on Linux gets SIGKILL when the server dies (so a
 goes with it); `hang` guards it as the launcher's own child. Its exit status comes back from
 the server, which reaps it (`ForkedPopen` stands in for a Popen).
 
-Our own code, not a library's: multiprocessing's fork server is one per program, started
-directly by it (not inside a cluster's network namespace), and its children run a function
-with pickled arguments rather than a module with pipes for its standard streams.
+A process keeps its fork servers (`shared`): the clusters it starts one after another are forked
+from the same server, so TensorFlow is imported once per process (a notebook's kernel, a test
+worker), not once per cluster. A cluster in a private network namespace (netns.py) is not
+started inside it: each of its children joins the namespace itself, right after the fork, as
+`nsenter --user --net` would (a child of a fork is single-threaded, which joining a user
+namespace requires).
+
+Our own code, not a library's: multiprocessing's fork server is one per program, and its
+children run a function with pickled arguments, not a module with its launcher's pipes for
+standard streams, in a network namespace of its cluster's.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
+import functools
+import itertools
 import json
 import os
 import signal
@@ -40,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 from helpers import config
@@ -121,7 +132,8 @@ class ForkServer:
         self.pid = self.popen.pid
         processes.FORK_SERVERS.add(self.pid)
         self.sock, self._lock = ours, threading.Lock()
-        self.children: dict[int, ForkedPopen] = {}
+        self.children: dict[int, ForkedPopen] = {}  # those alive
+        self.used = time.monotonic()  # when it last forked a child, or one ended
         self._started: list[int] = []
         self._early: dict[int, int] = {}  # exit codes of children not yet registered
         self._got = threading.Condition()
@@ -149,7 +161,8 @@ class ForkServer:
                 elif "started" in msg:
                     self._started.append(msg["started"])
                 elif "exited" in msg:
-                    child = self.children.get(msg["exited"])
+                    child = self.children.pop(msg["exited"], None)
+                    self.used = time.monotonic()
                     if child is not None:
                         child._ended(msg["code"])
                     else:  # ended before fork() took its PID: kept for it
@@ -167,13 +180,16 @@ class ForkServer:
                 return cmd[:i], cmd[i + 2], cmd[i + 3 :]
         raise ValueError(f"not this Python running a module (python -m ...): {cmd}")
 
-    def fork(self, cmd: list[str], env: dict, stderr) -> ForkedPopen:
+    def fork(self, cmd: list[str], env: dict, stderr, netns: int | None = None) -> ForkedPopen:
         """Fork `cmd` (`[python, "-m", module, *args]`, after the server's own prefix) with
-        `env`; stdin and stdout are pipes, stderr goes to the open file `stderr`."""
+        `env`; stdin and stdout are pipes, stderr goes to the open file `stderr`. `netns`: the
+        PID of a private network namespace's holder (netns.PrivateNetwork.pid), whose user
+        and network namespaces the child joins before it runs anything."""
         _, module, args = self.module_of(cmd)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
-        request = json.dumps({"module": module, "args": args, "env": env}).encode() + b"\n"
+        request = {"module": module, "args": args, "env": env, "netns": netns}
+        request = json.dumps(request).encode() + b"\n"
         with self._lock:  # one request at a time: the next "started" answers this one
             try:
                 socket.send_fds(self.sock, [request], [in_r, out_w, stderr.fileno()])
@@ -192,6 +208,7 @@ class ForkServer:
                         + processes.log_section(self.log_path)
                     )
                 pid = self._started.pop(0)
+                self.used = time.monotonic()
                 child = ForkedPopen(
                     self, pid, [module, *args], os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb")
                 )
@@ -199,6 +216,15 @@ class ForkServer:
                 if pid in self._early:
                     child._ended(self._early.pop(pid))
         return child
+
+    def joining(self, netns: int | None):
+        """What `ChildProcess(server=...)` forks from: this server, its children joining the
+        network namespace that process `netns` holds (None: the server's own)."""
+        return types.SimpleNamespace(fork=functools.partial(self.fork, netns=netns), pid=self.pid)
+
+    def idle_s(self) -> float:
+        """Seconds since it last had a child alive (0 while it has one)."""
+        return 0.0 if self.children else time.monotonic() - self.used
 
     def stop(self) -> None:
         """End the server (its children are ended first, by the launcher's teardown)."""
@@ -216,7 +242,89 @@ class ForkServer:
         processes.FORK_SERVERS.discard(self.pid)
 
 
+_SHARED: dict[tuple, ForkServer] = {}  # this process's fork servers, by what they preloaded
+_SHARED_LOCK = threading.Lock()
+_NUMBERS = itertools.count()  # their logs' numbers in this process
+# a shared server with no child alive for this long ends, and its memory (TensorFlow's) with
+# it; a cluster started later in the same process starts another
+IDLE_S = 120.0
+_watching = False  # a thread ends the idle ones while any is kept
+
+
+def shared(env: dict, preload: tuple[str, ...] = (), log_dir: Path | None = None) -> ForkServer:
+    """This process's fork server for children that run with `env` and import `preload`:
+    started at the first call (its log in `log_dir`, by default runs/fork-servers), the same
+    one for every later call with the same `env` (TMPDIR apart: each child's comes with its
+    request) and `preload`, until it has had no child for IDLE_S seconds, `end_shared()` or
+    this process's exit; a server that died is replaced. The environment is part of what it
+    is kept by because the server imported TensorFlow and `preload` under it, and its children
+    inherit what those imports read."""
+    global _watching
+    key = (tuple(preload), tuple(sorted((k, v) for k, v in env.items() if k != "TMPDIR")))
+    with _SHARED_LOCK:
+        server = _SHARED.get(key)
+        if server is not None and server.popen.poll() is not None:
+            server.stop()  # it died: close its socket and log before starting another
+            server = None
+        if server is None:
+            folder = log_dir if log_dir is not None else config.runs_dir("fork-servers")
+            log = Path(folder) / f"fork-server-{os.getpid()}-{next(_NUMBERS)}.log"
+            server = _SHARED[key] = ForkServer([], env, log, preload)
+            atexit.unregister(end_shared)  # registered once, however many were started
+            atexit.register(end_shared)
+            if not _watching:
+                _watching = True
+                threading.Thread(target=_end_idle, daemon=True).start()
+        server.used = time.monotonic()  # its caller forks next: not idle meanwhile
+        return server
+
+
+def _end_idle() -> None:
+    """In a thread, while this process keeps any shared server: end those idle for IDLE_S."""
+    global _watching
+    while True:
+        time.sleep(min(IDLE_S / 4, 1.0))
+        with _SHARED_LOCK:
+            idle = [key for key, server in _SHARED.items() if server.idle_s() > IDLE_S]
+            servers = [_SHARED.pop(key) for key in idle]
+            if not _SHARED:
+                _watching = False
+        for server in servers:
+            server.stop()
+        if not _watching:
+            return
+
+
+def shared_pids() -> set[int]:
+    """PIDs of this process's shared fork servers (they outlive the clusters they forked)."""
+    with _SHARED_LOCK:
+        return {s.pid for s in _SHARED.values() if s.popen.poll() is None}
+
+
+def end_shared() -> None:
+    """End this process's shared fork servers (after the processes they forked have ended)."""
+    with _SHARED_LOCK:
+        servers = list(_SHARED.values())
+        _SHARED.clear()
+    for server in servers:
+        server.stop()
+
+
 # ---------------------------------------------------------------------- the server's side
+def _join_network(holder: int) -> None:
+    """Join the user and network namespaces of process `holder`, in that order, as
+    `nsenter --target=holder --user --net --preserve-credentials` does (setns(2))."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    for ns, flag in (("user", 0x10000000), ("net", 0x40000000)):  # CLONE_NEWUSER, CLONE_NEWNET
+        fd = os.open(f"/proc/{holder}/ns/{ns}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, flag) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"cannot join the {ns} namespace of process {holder}")
+        finally:
+            os.close(fd)
+
+
 def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
     """In a forked child: become `python -m module *args` with the launcher's streams."""
     import runpy
@@ -232,6 +340,8 @@ def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
         for fd in fds:
             if fd > 2:
                 os.close(fd)
+        if request.get("netns"):  # its cluster's private network (an error lands in its log)
+            _join_network(request["netns"])
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None  # TMPDIR as the child's environment says

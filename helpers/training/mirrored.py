@@ -33,7 +33,6 @@ EVALUATE = ("epoch", "end")
 # what a configuration's process imports besides TensorFlow and Keras: its fork server does first
 PRELOAD = ("helpers.training.mirrored", "helpers.training.models", "helpers.data.arrays",
            "helpers.system.resources", "helpers.data.mnist:hold")  # fmt: skip
-_FORK_SERVER = None  # this process's, started with its first configuration (see fork_server)
 
 
 class MirroredRunError(RuntimeError):
@@ -239,37 +238,26 @@ def train_one_config(spec: dict) -> dict:
 
 
 def fork_server(env: dict):
-    """The fork server this process's configurations are forked from, started at the first
-    (a ForkServer, see helpers.system.forkserver), or None where each is spawned: macOS,
-    LABS_FORK=0, or a GPU, whose driver must not be set up before a fork. It imports
-    TensorFlow once for every configuration and lives until `end_fork_server()` or until this
-    process ends (the lifeline): each configuration still starts from a process that has run
-    nothing, so its time and memory stay its own."""
-    global _FORK_SERVER
-    import atexit
-
+    """The fork server this process's configurations are forked from (its shared one for them,
+    helpers.system.forkserver.shared), or None where each is spawned: macOS, LABS_FORK=0, or a
+    GPU, whose driver must not be set up before a fork. It imports TensorFlow once for every
+    configuration and lives until `end_fork_server()` or until this process ends: each
+    configuration still starts from a process that has run nothing, so its time and memory
+    stay its own."""
     import tensorflow as tf
 
     from helpers.system import forkserver
 
     if not forkserver.enabled() or tf.config.list_physical_devices("GPU"):
         return None
-    if _FORK_SERVER is not None and _FORK_SERVER.popen.poll() is not None:
-        end_fork_server()  # it died: close its socket and log before starting another
-    if _FORK_SERVER is None:
-        log = config.runs_dir("mirrored") / f"fork-server-{os.getpid()}.log"
-        _FORK_SERVER = forkserver.ForkServer([], env, log, preload=PRELOAD)
-        atexit.unregister(end_fork_server)  # registered once, however many were started
-        atexit.register(end_fork_server)
-    return _FORK_SERVER
+    return forkserver.shared(env, PRELOAD, config.runs_dir("mirrored"))
 
 
 def end_fork_server() -> None:
-    """End this process's fork server, if it started one (its children have ended)."""
-    global _FORK_SERVER
-    if _FORK_SERVER is not None:
-        _FORK_SERVER.stop()
-        _FORK_SERVER = None
+    """End this process's fork servers (forkserver.end_shared), once their children ended."""
+    from helpers.system import forkserver
+
+    forkserver.end_shared()
 
 
 def run(spec: dict, retries: int = 1, timeout: float = 900.0, name: str = "mirrored") -> dict:
