@@ -270,8 +270,6 @@ def shared(env: dict, preload: tuple[str, ...] = (), log_dir: Path | None = None
             folder = log_dir if log_dir is not None else config.runs_dir("fork-servers")
             log = Path(folder) / f"fork-server-{os.getpid()}-{next(_NUMBERS)}.log"
             server = _SHARED[key] = ForkServer([], env, log, preload)
-            atexit.unregister(end_shared)  # registered once, however many were started
-            atexit.register(end_shared)
             if not _watching:
                 _watching = True
                 threading.Thread(target=_end_idle, daemon=True).start()
@@ -308,6 +306,11 @@ def end_shared() -> None:
         _SHARED.clear()
     for server in servers:
         server.stop()
+
+
+# at exit, after the launchers' own exit handlers have ended their clusters (registered later:
+# the launchers import this module first, and exit handlers run last registered first)
+atexit.register(end_shared)
 
 
 # ---------------------------------------------------------------------- the server's side
