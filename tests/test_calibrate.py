@@ -64,19 +64,32 @@ def test_a_sharded_run_with_one_ps_task_is_refused(run):
 
 def test_a_sync_run_fits_ps_task_0s_loop_and_the_simulator_gives_its_rate(cluster, run):
     """PS task 0's loop per push is fitted on a sync run, so that the simulator then gives
-    that run's rate, and the table names the run it came from."""
-    sync = cluster.train(progress=False, mode="sync", steps=600, seed=2)
-    cal = calibrate(run, waiting=sync)
-    assert cal.costs.decide_s > 0
+    that run's rate, and the table names the run it came from.
+
+    The fit can only add a loop: a sync run as fast as the simulator goes without one (the
+    async run's costs, measured a moment before, may have been raised by load the sync run
+    did not meet) leaves it at 0. One pair of runs on a shared machine can show either case,
+    so the test checks the fit in each."""
+    from dataclasses import replace
+
     from helpers.sim.calibrate import _sim_config, _steps_per_s
 
+    sync = cluster.train(progress=False, mode="sync", steps=600, seed=2)
+    cal = calibrate(run, waiting=sync)
     measured = cal.table().set_index("figure")
     assert sync.config.run_id in measured.loc["PS task 0's loop per push (ms)", "measured from"]
-    simulated = _steps_per_s(_sim_config(sync.config), cal.costs, 1)
+    cfg = _sim_config(sync.config)
+    simulated = {d: _steps_per_s(cfg, replace(cal.costs, decide_s=d), 1) for d in (0.0, 2e-3)}
+    assert simulated[2e-3] < simulated[0.0]  # the loop is on a sync run's path in the simulator
     start, end = sync.training_window()
     ev = sync.events
     real = ((ev.kind == "step") & (ev.t > start) & (ev.t <= end)).sum() / (end - start)
-    assert simulated == pytest.approx(real, rel=0.15)
+    fitted = _steps_per_s(cfg, cal.costs, 1)
+    if real < simulated[0.0] / 1.15:  # clearly slower than without the loop: it is fitted
+        assert cal.costs.decide_s > 0, (real, simulated)
+    assert fitted == pytest.approx(real, rel=0.15) or (
+        cal.costs.decide_s == 0 and real > simulated[0.0]
+    ), (real, fitted, simulated)
 
 
 def test_an_async_run_given_as_the_waiting_run_is_refused(run):
