@@ -168,14 +168,15 @@ def test_a_child_joins_the_private_network_it_is_given_and_fails_clearly_without
 
 
 def test_a_process_keeps_one_server_per_environment_until_it_ends_them(tmp_path):
-    """shared(): the same server for the same environment (a child's TMPDIR apart) and
-    preload, another for another environment, a new one for one that died; end_shared()
-    ends them all."""
+    """shared(): the same server for the same environment (a child's TMPDIR and pytest's
+    current test apart) and preload, another for another environment, a new one for one that
+    died; end_shared() ends them all."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     env = dict(os.environ, X="1")
     try:
         first = forkserver.shared(env, (), tmp_path)
         assert forkserver.shared(dict(env, TMPDIR=str(tmp_path)), (), tmp_path) is first
+        assert forkserver.shared(dict(env, PYTEST_CURRENT_TEST="x (call)"), (), tmp_path) is first
         other = forkserver.shared(dict(env, X="2"), (), tmp_path)
         assert other.pid != first.pid and forkserver.shared_pids() >= {first.pid, other.pid}
         os.kill(first.pid, signal.SIGKILL)

@@ -249,18 +249,21 @@ _NUMBERS = itertools.count()  # their logs' numbers in this process
 # it; a cluster started later in the same process starts another
 IDLE_S = 120.0
 _watching = False  # a thread ends the idle ones while any is kept
+# variables each child gets with its request that change between one caller's requests (pytest
+# sets PYTEST_CURRENT_TEST anew in each phase of each test): not what a server is kept by
+_PER_CHILD = ("TMPDIR", "PYTEST_CURRENT_TEST")
 
 
 def shared(env: dict, preload: tuple[str, ...] = (), log_dir: Path | None = None) -> ForkServer:
     """This process's fork server for children that run with `env` and import `preload`:
     started at the first call (its log in `log_dir`, by default runs/fork-servers), the same
-    one for every later call with the same `env` (TMPDIR apart: each child's comes with its
+    one for every later call with the same `env` (_PER_CHILD apart: each child's come with its
     request) and `preload`, until it has had no child for IDLE_S seconds, `end_shared()` or
     this process's exit; a server that died is replaced. The environment is part of what it
     is kept by because the server imported TensorFlow and `preload` under it, and its children
     inherit what those imports read."""
     global _watching
-    key = (tuple(preload), tuple(sorted((k, v) for k, v in env.items() if k != "TMPDIR")))
+    key = (tuple(preload), tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CHILD)))
     with _SHARED_LOCK:
         server = _SHARED.get(key)
         if server is not None and server.popen.poll() is not None:
