@@ -7,8 +7,8 @@ whose fork server imports TensorFlow, and the next one, forked from the same ser
 second cluster). Each cluster is 1 PS + 4 workers (notebook 05's largest), started, given one
 short async run of logistic regression, measured (the sum of its processes' PSS: shared pages
 split between the processes that map them, so the sum is what the cluster costs together, its
-fork server included), and stopped. Prints the medians and
-their ratios, and writes runs/bench/startup_bench.json.
+fork server included), and stopped. Prints the medians and their ratios, and writes
+runs/bench/startup_bench.json.
 Usage: python -m bench.startup_bench [--rounds N]
 """
 

@@ -34,6 +34,8 @@ class RunWatch:
         events = self.tail.read()
         if events:
             self.last_progress = time.monotonic()
+        if self.joined:  # nothing more to look for in them
+            return events
         for e in events:  # each file's events in the order they were written
             if e["source"] == "ps-0" and e["kind"] == Kind.START and e["t"] >= self.since:
                 self.started = True

@@ -55,6 +55,7 @@ from pathlib import Path
 
 from helpers import config
 from helpers.system import processes
+from helpers.system.resources import Sampler
 
 FORK_ENV = "LABS_FORK"  # 0: start every process of a cluster with spawn (the portable path)
 
@@ -220,7 +221,7 @@ class ForkServer:
     def joining(self, netns: int | None):
         """What `ChildProcess(server=...)` forks from: this server, its children joining the
         network namespace that process `netns` holds (None: the server's own)."""
-        return types.SimpleNamespace(fork=functools.partial(self.fork, netns=netns), pid=self.pid)
+        return types.SimpleNamespace(fork=functools.partial(self.fork, netns=netns))
 
     def idle_s(self) -> float:
         """Seconds since it last had a child alive (0 while it has one)."""
@@ -248,7 +249,6 @@ _NUMBERS = itertools.count()  # their logs' numbers in this process
 # a shared server with no child alive for this long ends, and its memory (TensorFlow's) with
 # it; a cluster started later in the same process starts another
 IDLE_S = 120.0
-_watching = False  # a thread ends the idle ones while any is kept
 # variables each child gets with its request that change between one caller's requests (pytest
 # sets PYTEST_CURRENT_TEST anew in each phase of each test): not what a server is kept by
 _PER_CHILD = ("TMPDIR", "PYTEST_CURRENT_TEST")
@@ -262,7 +262,6 @@ def shared(env: dict, preload: tuple[str, ...] = (), log_dir: Path | None = None
     this process's exit; a server that died is replaced. The environment is part of what it
     is kept by because the server imported TensorFlow and `preload` under it, and its children
     inherit what those imports read."""
-    global _watching
     key = (tuple(preload), tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CHILD)))
     with _SHARED_LOCK:
         server = _SHARED.get(key)
@@ -273,27 +272,22 @@ def shared(env: dict, preload: tuple[str, ...] = (), log_dir: Path | None = None
             folder = log_dir if log_dir is not None else config.runs_dir("fork-servers")
             log = Path(folder) / f"fork-server-{os.getpid()}-{next(_NUMBERS)}.log"
             server = _SHARED[key] = ForkServer([], env, log, preload)
-            if not _watching:
-                _watching = True
-                threading.Thread(target=_end_idle, daemon=True).start()
         server.used = time.monotonic()  # its caller forks next: not idle meanwhile
-        return server
+    if not _IDLE_CHECK.running:  # from the first server on, for this process's life
+        _IDLE_CHECK.start()
+    return server
 
 
 def _end_idle() -> None:
-    """In a thread, while this process keeps any shared server: end those idle for IDLE_S."""
-    global _watching
-    while True:
-        time.sleep(min(IDLE_S / 4, 1.0))
-        with _SHARED_LOCK:
-            idle = [key for key, server in _SHARED.items() if server.idle_s() > IDLE_S]
-            servers = [_SHARED.pop(key) for key in idle]
-            if not _SHARED:
-                _watching = False
-        for server in servers:
-            server.stop()
-        if not _watching:
-            return
+    """End the shared servers that have been idle for IDLE_S (every second, in a thread)."""
+    with _SHARED_LOCK:
+        idle = [key for key, server in _SHARED.items() if server.idle_s() > IDLE_S]
+        servers = [_SHARED.pop(key) for key in idle]
+    for server in servers:
+        server.stop()
+
+
+_IDLE_CHECK = Sampler(_end_idle, 1.0)
 
 
 def shared_pids() -> set[int]:

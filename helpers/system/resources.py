@@ -45,6 +45,11 @@ class Sampler:
             self._thread.join()
             self._thread = None
 
+    @property
+    def running(self) -> bool:
+        """Whether it has been started and not stopped."""
+        return self._thread is not None
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
