@@ -117,6 +117,12 @@ class Nodes:
         remote_argv = {n: cmd + ["--remote"] for n, cmd in argv.items()}
         return self.placement.start(list(argv), remote_argv, envs, logs, inbox, self.hosts)
 
+    @property
+    def server_pid(self) -> int | None:
+        """PID of the fork server the processes on this machine were forked from, or None
+        (spawned one by one, or on other hosts)."""
+        return self.server.pid if self.server else None
+
     def start_pinging(self, procs: dict) -> None:
         """Ping every node on another host each second, in a thread, until stop()."""
         if self.placement.remote:
